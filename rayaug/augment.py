@@ -1,0 +1,239 @@
+"""The augment stage: decode, apply every sample's drawn ops in batches on a device, encode.
+
+Engine-free: the driver wraps `Augmenter` for Ray Data; tests and replay call it directly.
+A sample's pixels depend only on its source bytes and its plan, never on its batch-mates:
+geometric ops are fused per sample into one warp, photometric ops take one parameter per
+sample, and a batch that fails is retried sample by sample so one bad image costs only itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import kornia
+import numpy as np
+import torch
+
+from rayaug import codec
+from rayaug.ops import Applied, Canvas, GeometricOp, Op, decode_reduction, draw_ops
+from rayaug.records import AugmentedSample, Quarantined, ShardOutput, SourceSample, sample_seed
+from rayaug.spec import JobSpec
+
+# Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
+# identical between the job and a replay (actors scale out by count, not by threads).
+TORCH_THREADS = 1
+
+
+def pick_device(num_gpus: float) -> str:
+    """CUDA when the actor was given a GPU and torch sees one; the CPU otherwise."""
+    return "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class _Item:
+    """One sample in flight through the pipeline."""
+
+    source_key: str
+    source_uri: str
+    view: int
+    seed: int
+    label: str | None
+    applied: list[Applied]
+    source_size: Canvas
+    image: torch.Tensor  # (3, H, W) float in [0, 1] on the device
+    canvas: Canvas  # the logical size once `pending` is warped
+    pending: np.ndarray = field(default_factory=lambda: np.eye(3))
+
+    def __post_init__(self) -> None:
+        self._start = (self.image, self.canvas, self.pending)
+
+    def reset(self) -> None:
+        """Back to the decoded source (ops return new tensors, so the original is intact)."""
+        self.image, self.canvas, self.pending = self._start
+
+
+class Augmenter:
+    """Turns source samples into augmented views, on one device, with the spec's ops."""
+
+    def __init__(self, spec: JobSpec, device: str = "cpu") -> None:
+        torch.set_num_threads(TORCH_THREADS)
+        self.spec = spec
+        self.pipeline: list[Op] = spec.pipeline()
+        self.device = torch.device(device)
+
+    def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
+        """Every view of every source, in order; failures become quarantine rows."""
+        output = ShardOutput(device=self.device.type)
+        pending: list[tuple[SourceSample, int]] = []
+        for source in sources:
+            output.sources += 1
+            pending += [(source, view) for view in range(self.spec.views)]
+            while len(pending) >= self.spec.execution.batch_size:
+                self._run_chunk(pending[: self.spec.execution.batch_size], output)
+                pending = pending[self.spec.execution.batch_size :]
+        if pending:
+            self._run_chunk(pending, output)
+        return output
+
+    def replay(self, source: SourceSample, view: int, seed: int, applied: list[Applied]) -> bytes:
+        """The encoded bytes of one sample from its recorded plan (seed only for the record)."""
+        opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
+        item = self._load(source, view, seed, applied, opened)
+        self._run_items([item])
+        return self._encode(item).image
+
+    # ------------------------------------------------------------ stages
+
+    def _run_chunk(self, chunk: Sequence[tuple[SourceSample, int]], output: ShardOutput) -> None:
+        items = []
+        for source, view in chunk:
+            item = self._start(source, view, output)
+            if item is not None:
+                items.append(item)
+        try:
+            self._run_items(items)
+        except Exception:  # isolate the culprit: rerun alone, quarantine only what fails alone
+            items = [item for item in items if self._run_alone(item, output)]
+        for item in items:
+            encoded = _attempt(
+                output, item.source_key, item.view, "encode", lambda i=item: self._encode(i)
+            )
+            if encoded is not None:
+                output.samples.append(encoded)
+
+    def _start(self, source: SourceSample, view: int, output: ShardOutput) -> _Item | None:
+        if source.error is not None:
+            output.quarantined.append(
+                Quarantined(source.key, view, "read", "ReadError", source.error)
+            )
+            return None
+
+        def load() -> _Item:
+            opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
+            seed = sample_seed(self.spec.seed, source.key, view)
+            return self._load(
+                source, view, seed, draw_ops(self.pipeline, seed, opened.canvas), opened
+            )
+
+        return _attempt(output, source.key, view, "decode", load)
+
+    def _load(
+        self,
+        source: SourceSample,
+        view: int,
+        seed: int,
+        applied: list[Applied],
+        opened: codec.Opened,
+    ) -> _Item:
+        reduction = decode_reduction(applied, opened.canvas)
+        pixels = codec.decode(opened, reduction)
+        image = torch.from_numpy(pixels.copy()).to(self.device).permute(2, 0, 1).float() / 255
+        pending = _rescale(pixels.shape[:2], opened.canvas) if reduction > 1 else np.eye(3)
+        return _Item(
+            source.key,
+            source.uri,
+            view,
+            seed,
+            source.label,
+            applied,
+            opened.canvas,
+            image,
+            opened.canvas,
+            pending,
+        )
+
+    def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
+        item.reset()
+        done = _attempt(
+            output, item.source_key, item.view, "augment", lambda: self._run_items([item])
+        )
+        return done is not None
+
+    def _run_items(self, items: list[_Item]) -> None:
+        positions = sorted({step.position for item in items for step in item.applied})
+        for position in positions:
+            steps = [
+                (item, step) for item in items for step in item.applied if step.position == position
+            ]
+            if issubclass(steps[0][1].op, GeometricOp):
+                for item, step in steps:
+                    matrix, item.canvas = step.op.matrix(step.params, item.canvas)
+                    item.pending = matrix @ item.pending
+            else:
+                _warp([item for item, _ in steps])
+                self._photometric(steps)
+        _warp(items)
+
+    @staticmethod
+    def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
+        op = steps[0][1].op
+        groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
+        for item, step in steps:
+            groups[(tuple(item.image.shape), op.batch_key(step.params))].append((item, step))
+        for group in groups.values():
+            result = op.apply(
+                torch.stack([item.image for item, _ in group]), [s.params for _, s in group]
+            )
+            for (item, _), image in zip(group, result, strict=True):
+                item.image = image
+
+    def _encode(self, item: _Item) -> AugmentedSample:
+        pixels = (item.image * 255).round().clamp(0, 255).to(torch.uint8)
+        array = pixels.permute(1, 2, 0).contiguous().cpu().numpy()
+        output = self.spec.output
+        data = codec.encode(array, output.image_format, output.quality)
+        return AugmentedSample(
+            source_key=item.source_key,
+            source_uri=item.source_uri,
+            view=item.view,
+            seed=item.seed,
+            label=item.label,
+            ops=[step.record() for step in item.applied],
+            source_size=item.source_size,
+            image=data,
+            height=array.shape[0],
+            width=array.shape[1],
+        )
+
+
+def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
+    """Pixel centres of a reduced decode → the full-size canvas they stand for."""
+    sx, sy = canvas[1] / reduced[1], canvas[0] / reduced[0]
+    return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
+
+
+def _warp(items: list[_Item]) -> None:
+    """Apply each item's pending homography; items of equal shapes share one Kornia call."""
+    groups: dict[tuple, list[_Item]] = defaultdict(list)
+    for item in items:
+        identity = np.array_equal(item.pending, np.eye(3))
+        if not (identity and tuple(item.image.shape[1:]) == item.canvas):
+            groups[(tuple(item.image.shape), item.canvas)].append(item)
+    for (_, canvas), group in groups.items():
+        images = torch.stack([item.image for item in group])
+        matrices = torch.tensor(np.stack([item.pending for item in group]), dtype=torch.float32)
+        warped = kornia.geometry.transform.warp_perspective(
+            images,
+            matrices.to(images.device),
+            canvas,
+            mode="bilinear",
+            padding_mode="zeros",
+            align_corners=True,
+        )
+        for item, image in zip(group, warped, strict=True):
+            item.image, item.pending = image, np.eye(3)
+
+
+def _attempt(output: ShardOutput, key: str, view: int, stage: str, work: Callable):
+    """Run one sample's step; a failure is recorded as a quarantine row, never raised."""
+    try:
+        result = work()
+        return True if result is None else result
+    except Exception as error:  # noqa: BLE001 - any per-image failure is data, not a crash
+        message = str(error) or repr(error)
+        output.quarantined.append(
+            Quarantined(key, view, stage, type(error).__name__, message[:500])
+        )
+        return None

@@ -1,0 +1,32 @@
+"""The errors a user can act on. The CLI turns each into one line and an exit code."""
+
+from __future__ import annotations
+
+
+class RayaugError(Exception):
+    """Base of every error rayaug reports to a user; `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UsageError(RayaugError):
+    """The user asked for something that cannot work (bad URI, missing credentials, conflict)."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """A job spec failed validation; every message names the field path."""
+
+    def __init__(self, source: str, messages: list[str]) -> None:
+        self.source = source
+        self.messages = messages
+        super().__init__(f"{source}: " + "; ".join(messages))
+
+
+class StorageError(RayaugError):
+    """Storage kept failing after every retry."""
+
+
+class JobFailed(RayaugError):
+    """The job ran and could not finish (error budget exceeded, a stage failed)."""

@@ -1,0 +1,334 @@
+"""The driver: plan, wire the Ray Data stages, count commits, summarize.
+
+The only module that calls Ray. Stages (read → augment → write) are the engine-free functions
+of `sources`, `augment` and `sinks`; this module only adapts them to Ray Data rows.
+Each work unit travels as one row, so a shard is written whole by one write task and its
+manifest commits it: a killed task or actor costs only its uncommitted shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from rayaug import commit, inspect
+from rayaug.augment import Augmenter, pick_device
+from rayaug.errors import JobFailed, RayaugError
+from rayaug.plan import JobPlan, pending_units, prepare, versions
+from rayaug.sinks import ShardCommit, WriteContext, data_path, write_shard
+from rayaug.sources import WorkUnit, read_unit
+from rayaug.spec import ExecutionSpec, JobSpec
+from rayaug.storage import Location, check_reachable, open_location
+
+# Non-secret settings the workers need to reach storage the way the driver does. Credentials
+# are deliberately absent: they must come from the workers' own environment.
+FORWARDED_ENV = (
+    "AWS_EC2_METADATA_DISABLED",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+# Read and write tasks are I/O bound; a small CPU share keeps them from starving the actors.
+IO_TASK_CPUS = 0.25
+# A poison input that kills its actor is retried this often before the job fails.
+ACTOR_RESTARTS = 8
+TASK_RETRIES = 4
+# The CLI draws its own progress; Ray's start-up chatter would bury it.
+QUIET = {"log_to_driver": False, "logging_level": logging.WARNING}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    address: str | None = None  # a Ray cluster; None starts an embedded local Ray
+
+
+@dataclass
+class Tally:
+    """Commits counted so far (from earlier runs and this one)."""
+
+    shards_total: int
+    planned_samples: int | None
+    shards: int = 0
+    samples: int = 0
+    quarantined: int = 0
+    new_samples: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    def add(self, shard: ShardCommit, new: bool) -> None:
+        self.shards += 1
+        self.samples += shard.samples
+        self.quarantined += shard.quarantined
+        self.new_samples += (shard.samples + shard.quarantined) if new else 0
+        self.reasons.update(shard.reasons)
+
+    def over_budget(self, max_error_rate: float, final: bool) -> bool:
+        total = self.planned_samples if self.planned_samples is not None else None
+        if total is None and final:
+            total = self.samples + self.quarantined
+        return total is not None and self.quarantined > max_error_rate * total
+
+
+class Progress(Protocol):
+    def started(self, tally: Tally) -> None: ...
+
+    def committed(self, tally: Tally) -> None: ...
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    output: str
+    tally: Tally
+    startup_seconds: float
+    wall_seconds: float
+    orphans_removed: int
+    ignored_inputs: int
+
+    @property
+    def throughput(self) -> float:
+        return self.tally.new_samples / self.wall_seconds if self.wall_seconds else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "output": self.output,
+            "shards": self.tally.shards,
+            "samples": self.tally.samples,
+            "quarantined": self.tally.quarantined,
+            "samples_this_run": self.tally.new_samples,
+            "reasons": dict(self.tally.reasons),
+            "startup_seconds": round(self.startup_seconds, 3),
+            "wall_seconds": round(self.wall_seconds, 3),
+            "samples_per_second": round(self.throughput, 2),
+            "orphans_removed": self.orphans_removed,
+            "ignored_inputs": self.ignored_inputs,
+            "versions": versions(),
+        }
+
+
+def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummary:
+    """Run (or resume) a job to completion; raises RayaugError subclasses for the CLI."""
+    started = time.monotonic()
+    source = open_location(spec.input.uri, spec.storage)
+    out = open_location(spec.output.uri, spec.storage)
+    check_reachable(source, must_exist=True)
+    check_reachable(out, must_exist=False)
+    lease = commit.Lease(out)
+    lease.acquire()
+    try:
+        plan = prepare(spec, source, out)
+        tally = _count_committed(spec, plan, out)
+        pending = pending_units(plan, {c for c in commit.committed_shards(out)})
+        progress.started(tally)
+        startup = time.monotonic() - started
+        if pending:
+            startup = _execute(spec, plan, pending, options, tally, progress, started)
+        if tally.over_budget(spec.errors.max_error_rate, final=True):
+            raise JobFailed(_budget_message(spec, tally, out))
+        removed = _remove_orphans(spec, out)
+        summary = JobSummary(
+            out.uri, tally, startup, time.monotonic() - started, removed, plan.ignored
+        )
+        commit.write_json(out, commit.SUCCESS, summary.to_json())
+        return summary
+    finally:
+        lease.release()
+
+
+def _count_committed(spec: JobSpec, plan: JobPlan, out: Location) -> Tally:
+    planned = plan.planned_sources
+    tally = Tally(len(plan.units), None if planned is None else planned * spec.views)
+    for shard in inspect.shard_commits(out, commit.committed_shards(out)):
+        tally.add(shard, new=False)
+    return tally
+
+
+def _execute(
+    spec: JobSpec,
+    plan: JobPlan,
+    pending: list[WorkUnit],
+    options: RunOptions,
+    tally: Tally,
+    progress: Progress,
+    started: float,
+) -> float:
+    """Stream the pending units through Ray Data; returns the start-up seconds."""
+    import ray
+
+    owns_ray = _connect(options)
+    try:
+        dataset = _pipeline(spec, plan, pending, ray.cluster_resources())
+        startup = time.monotonic() - started
+        for row in dataset.iter_rows():
+            tally.add(pickle.loads(row["commit"]), new=True)
+            progress.committed(tally)
+            if tally.over_budget(spec.errors.max_error_rate, final=False):
+                raise JobFailed(
+                    _budget_message(spec, tally, open_location(spec.output.uri, spec.storage))
+                )
+        return startup
+    except RayaugError:
+        raise
+    except Exception as error:  # a stage that kept failing after Ray's retries
+        raise JobFailed(
+            f"the job stopped: {_root_cause(error)}. Committed shards are kept; "
+            f"run `rayaug resume {spec.output.uri}` to continue."
+        ) from error
+    finally:
+        if owns_ray:
+            ray.shutdown()
+
+
+def _root_cause(error: BaseException) -> str:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}"
+
+
+def _connect(options: RunOptions) -> bool:
+    """Join the given cluster (or the one RAY_ADDRESS names), else start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    env_vars = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    if options.address:
+        package = str(Path(__file__).parent)
+        runtime_env = {"py_modules": [package], "env_vars": env_vars}
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    elif address:  # inside a submitted job: the job's runtime_env already carries rayaug
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            runtime_env={"env_vars": env_vars},
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    size: int
+    cpus_per_actor: float
+    gpus_per_actor: float
+
+
+def pool_shape(execution: ExecutionSpec, cpus: float, gpus: float) -> PoolShape:
+    """Actors and their resources, leaving CPU for the read and write tasks.
+
+    Actors that took every CPU would leave none for reading: the pipeline would hang.
+    """
+    reserve = max(0.5, 0.1 * cpus)
+    budget = max(cpus - reserve, 0.25)
+    if execution.num_gpus == "auto":
+        gpus_per_actor = 1.0 if gpus >= 1 else 0.0
+    else:
+        gpus_per_actor = float(execution.num_gpus)
+    if execution.concurrency != "auto":
+        size = execution.concurrency
+    elif gpus_per_actor > 0:
+        size = max(1, int(gpus // gpus_per_actor))
+    else:
+        size = max(1, math.ceil(budget))
+    if execution.cpus_per_actor == "auto":
+        cpus_per_actor = min(1.0 if gpus_per_actor == 0 else 4.0, budget / size)
+    else:
+        cpus_per_actor = float(execution.cpus_per_actor)
+    return PoolShape(size, round(cpus_per_actor, 3), gpus_per_actor)
+
+
+def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: dict):
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
+    units = [{"unit": pickle.dumps(unit)} for unit in pending]
+    retries = {"max_retries": TASK_RETRIES}
+    dataset = ray.data.from_items(units, override_num_blocks=len(units))
+    dataset = dataset.map(
+        _read, fn_kwargs={"spec": spec, "fmt": plan.format}, num_cpus=IO_TASK_CPUS, **retries
+    )
+    dataset = dataset.map_batches(
+        _AugmentStage,
+        fn_constructor_kwargs={"spec": spec, "num_gpus": shape.gpus_per_actor},
+        batch_size=1,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=shape.size),
+        num_cpus=shape.cpus_per_actor,
+        num_gpus=shape.gpus_per_actor,
+        max_restarts=ACTOR_RESTARTS,
+        max_task_retries=TASK_RETRIES,
+    )
+    return dataset.map(_write, fn_kwargs={"spec": spec}, num_cpus=IO_TASK_CPUS, **retries)
+
+
+# ---------------------------------------------------------------- stage adapters (run on workers)
+
+
+def _read(row: dict, spec: JobSpec, fmt: str) -> dict:
+    unit: WorkUnit = pickle.loads(row["unit"])
+    source = open_location(spec.input.uri, spec.storage)
+    samples = read_unit(source, spec.input, fmt, unit)
+    return {"shard": unit.shard, "sources": pickle.dumps(samples)}
+
+
+class _AugmentStage:
+    """One actor: builds its Augmenter once (torch and kornia load here, not per batch)."""
+
+    def __init__(self, spec: JobSpec, num_gpus: float) -> None:
+        self.augmenter = Augmenter(spec, pick_device(num_gpus))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = [self.augmenter.augment(pickle.loads(s)) for s in batch["sources"]]
+        return {
+            "shard": batch["shard"],
+            "output": np.array([pickle.dumps(o) for o in outputs], dtype=object),
+        }
+
+
+def _write(row: dict, spec: JobSpec) -> dict:
+    out = open_location(spec.output.uri, spec.storage)
+    context = WriteContext(spec.output, spec.views, versions())
+    shard_commit = write_shard(out, row["shard"], pickle.loads(row["output"]), context)
+    return {"commit": pickle.dumps(shard_commit)}
+
+
+# ---------------------------------------------------------------- end of the job
+
+
+def _remove_orphans(spec: JobSpec, out: Location) -> int:
+    committed = commit.committed_shards(out)
+    keep = {data_path(spec.output, s) for s in committed} | {
+        commit.errors_path(s) for s in committed
+    }
+    found = commit.orphans(out, keep)
+    for path in found:
+        out.delete(path)
+    return len(found)
+
+
+def _budget_message(spec: JobSpec, tally: Tally, out: Location) -> str:
+    top = ", ".join(f"{reason} ×{count}" for reason, count in tally.reasons.most_common(5))
+    total = tally.planned_samples or (tally.samples + tally.quarantined)
+    return (
+        f"error budget exceeded: {tally.quarantined} of {total} samples quarantined "
+        f"(max_error_rate {spec.errors.max_error_rate}): {top}. "
+        f"See `rayaug inspect {out.uri}`; raise errors.max_error_rate and resume to accept them."
+    )

@@ -1,0 +1,675 @@
+"""The op catalogue: each op draws its parameters per sample, then applies them as a pure function.
+
+Drawing (`draw`) uses only numpy and the sample's own generator, so parameters never depend on
+the batch, the actor or the device. Applying uses only the recorded parameters, so a manifest
+row is enough to replay a sample. Geometric ops give a 3x3 pixel homography (pixel centres at
+integer coordinates) and are fused into one Kornia warp; photometric ops are batched Kornia
+calls with one parameter per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import kornia
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Canvas = tuple[int, int]  # (height, width)
+Params = dict[str, Any]
+Range = tuple[float, float]
+
+
+def _as_range(value: object, around: float = 0.0) -> object:
+    """A scalar x means the symmetric range [around - x, around + x]."""
+    if isinstance(value, int | float):
+        return (around - value, around + value)
+    return value
+
+
+def _ordered(value: tuple[float, float]) -> tuple[float, float]:
+    if value[0] > value[1]:
+        raise ValueError("range must be [low, high] with low ≤ high")
+    return value
+
+
+def _size_pair(value: object) -> object:
+    return (value, value) if isinstance(value, int) else value
+
+
+def _non_neg(value: object) -> object:
+    if isinstance(value, int | float) and value < 0:
+        raise ValueError("must be ≥ 0")
+    return value
+
+
+def _non_neg_range(value: tuple[float, float]) -> tuple[float, float]:
+    if value[0] < 0:
+        raise ValueError("must be ≥ 0")
+    return value
+
+
+def _positive_size(value: tuple[int, int]) -> tuple[int, int]:
+    if min(value) < 1:
+        raise ValueError("sizes must be ≥ 1")
+    return value
+
+
+class Op(BaseModel):
+    """An op's configuration (from the spec) and its behaviour."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: ClassVar[Literal["geometric", "photometric"]]
+    p: float = Field(1.0, ge=0, le=1, description="probability that a sample gets this op")
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        """The op's random parameters for one sample on a canvas of the given size."""
+        return {}
+
+
+class GeometricOp(Op):
+    kind: ClassVar = "geometric"
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        """The source→destination pixel homography and the canvas size after the op."""
+        raise NotImplementedError
+
+
+class PhotometricOp(Op):
+    kind: ClassVar = "photometric"
+
+    @staticmethod
+    def batch_key(params: Params) -> object:
+        """Samples whose keys differ cannot share one Kornia call (e.g. blur kernel size)."""
+        return None
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1] with one parameter dict per image."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- geometry helpers
+
+
+def _scale_translate(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:
+    return np.array([[sx, 0.0, tx], [0.0, sy, ty], [0.0, 0.0, 1.0]])
+
+
+def _crop_resize(box: list[float], size: Canvas) -> np.ndarray:
+    """Map the box [x0, y0, w, h] (pixel edges) onto a (h, w) canvas, pixel centres aligned."""
+    x0, y0, w, h = box
+    sx, sy = size[1] / w, size[0] / h
+    return _scale_translate(sx, sy, (0.5 - x0) * sx - 0.5, (0.5 - y0) * sy - 0.5)
+
+
+def _about_centre(linear: np.ndarray, canvas: Canvas, shift: tuple[float, float] = (0, 0)):
+    cx, cy = (canvas[1] - 1) / 2, (canvas[0] - 1) / 2
+    to_origin = _scale_translate(1, 1, -cx, -cy)
+    back = _scale_translate(1, 1, cx + shift[0], cy + shift[1])
+    return back @ linear @ to_origin
+
+
+def _rotation(angle_deg: float) -> np.ndarray:
+    """Counter-clockwise as displayed (y points down)."""
+    a = math.radians(angle_deg)
+    return np.array([[math.cos(a), math.sin(a), 0], [-math.sin(a), math.cos(a), 0], [0, 0, 1.0]])
+
+
+def _homography(src: list[list[float]], dst: list[list[float]]) -> np.ndarray:
+    rows, rhs = [], []
+    for (x, y), (u, v) in zip(src, dst, strict=True):
+        rows.append([x, y, 1, 0, 0, 0, -u * x, -u * y])
+        rows.append([0, 0, 0, x, y, 1, -v * x, -v * y])
+        rhs += [u, v]
+    h = np.linalg.solve(np.array(rows, dtype=np.float64), np.array(rhs, dtype=np.float64))
+    return np.append(h, 1.0).reshape(3, 3)
+
+
+def _uniform(rng: np.random.Generator, bounds: Range) -> float:
+    return float(rng.uniform(bounds[0], bounds[1]))
+
+
+# ---------------------------------------------------------------- geometric ops
+
+
+class Resize(GeometricOp):
+    """Resize to [height, width], or the shorter side to `size` when it is one number."""
+
+    name: Literal["resize"] = "resize"
+    size: int | tuple[int, int]
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        _positive_size(_size_pair(value))
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        if isinstance(self.size, int):
+            h, w = canvas
+            scale = self.size / min(h, w)
+            out = (
+                (self.size, max(1, round(w * scale)))
+                if h <= w
+                else (max(1, round(h * scale)), self.size)
+            )
+            return {"size": list(out)}
+        return {"size": list(self.size)}
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        size = tuple(params["size"])
+        return _crop_resize([0, 0, canvas[1], canvas[0]], size), size
+
+
+class _Crop(GeometricOp):
+    size: tuple[int, int]
+    _check_size = field_validator("size", mode="before")(lambda cls, v: _size_pair(v))
+    _positive = field_validator("size")(lambda cls, v: _positive_size(v))
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        x0, y0, w, h = params["box"]
+        return _scale_translate(1, 1, -x0, -y0), (h, w)
+
+
+class CenterCrop(_Crop):
+    """Crop [height, width] from the centre (padded with black when the image is smaller)."""
+
+    name: Literal["center_crop"] = "center_crop"
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        h, w = self.size
+        return {"box": [(canvas[1] - w) // 2, (canvas[0] - h) // 2, w, h]}
+
+
+class RandomCrop(_Crop):
+    """Crop [height, width] at a uniformly random position."""
+
+    name: Literal["random_crop"] = "random_crop"
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        h, w = self.size
+        x0 = int(rng.integers(min(0, canvas[1] - w), max(0, canvas[1] - w) + 1))
+        y0 = int(rng.integers(min(0, canvas[0] - h), max(0, canvas[0] - h) + 1))
+        return {"box": [x0, y0, w, h]}
+
+
+class RandomResizedCrop(GeometricOp):
+    """A crop of random area and aspect ratio, resized to `size` (torchvision's sampling)."""
+
+    name: Literal["random_resized_crop"] = "random_resized_crop"
+    size: tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    _pair = field_validator("size", mode="before")(lambda cls, v: _size_pair(v))
+    _positive = field_validator("size")(lambda cls, v: _positive_size(v))
+
+    @field_validator("scale", "ratio")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] <= 0:
+            raise ValueError("must be > 0")
+        return _ordered(value)
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        height, width = canvas
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target = area * _uniform(rng, self.scale)
+            aspect = math.exp(_uniform(rng, log_ratio))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                x0 = int(rng.integers(0, width - w + 1))
+                y0 = int(rng.integers(0, height - h + 1))
+                return {"box": [x0, y0, w, h], "size": list(self.size)}
+        w, h = width, height  # fall back to the whole image, like torchvision
+        return {"box": [0, 0, w, h], "size": list(self.size)}
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        size = tuple(params["size"])
+        return _crop_resize(params["box"], size), size
+
+
+class HorizontalFlip(GeometricOp):
+    name: Literal["horizontal_flip"] = "horizontal_flip"
+    p: float = Field(0.5, ge=0, le=1)
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        return _scale_translate(-1, 1, canvas[1] - 1, 0), canvas
+
+
+class VerticalFlip(GeometricOp):
+    name: Literal["vertical_flip"] = "vertical_flip"
+    p: float = Field(0.5, ge=0, le=1)
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        return _scale_translate(1, -1, 0, canvas[0] - 1), canvas
+
+
+class Rotation(GeometricOp):
+    """Rotate about the centre by an angle in `degrees` (x means [-x, x]); corners go black."""
+
+    name: Literal["rotation"] = "rotation"
+    degrees: tuple[float, float]
+    _range = field_validator("degrees", mode="before")(lambda cls, v: _as_range(_non_neg(v)))
+    _order = field_validator("degrees")(lambda cls, v: _ordered(v))
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"angle": _uniform(rng, self.degrees)}
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        return _about_centre(_rotation(params["angle"]), canvas), canvas
+
+
+class Affine(GeometricOp):
+    """Rotation, translation (fraction of the size), scale and shear (degrees) about the centre."""
+
+    name: Literal["affine"] = "affine"
+    degrees: tuple[float, float] = (0.0, 0.0)
+    translate: tuple[float, float] = (0.0, 0.0)
+    scale: tuple[float, float] = (1.0, 1.0)
+    shear: tuple[float, float] = (0.0, 0.0)
+    _sym = field_validator("degrees", "shear", mode="before")(lambda cls, v: _as_range(_non_neg(v)))
+    _order = field_validator("degrees", "shear", "scale")(lambda cls, v: _ordered(v))
+
+    @field_validator("translate")
+    @classmethod
+    def _translate(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= t <= 1 for t in value):
+            raise ValueError("fractions must be in [0, 1]")
+        return value
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        max_dx, max_dy = self.translate[0] * canvas[1], self.translate[1] * canvas[0]
+        return {
+            "angle": _uniform(rng, self.degrees),
+            "translate": [_uniform(rng, (-max_dx, max_dx)), _uniform(rng, (-max_dy, max_dy))],
+            "scale": _uniform(rng, self.scale),
+            "shear": [_uniform(rng, self.shear), _uniform(rng, self.shear)],
+        }
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        shx, shy = (math.tan(math.radians(s)) for s in params["shear"])
+        shear = np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1.0]])
+        scale = _scale_translate(params["scale"], params["scale"], 0, 0)
+        linear = _rotation(params["angle"]) @ scale @ shear
+        return _about_centre(linear, canvas, tuple(params["translate"])), canvas
+
+
+class Perspective(GeometricOp):
+    """Move each corner inward by up to `distortion_scale` of half the size (torchvision's)."""
+
+    name: Literal["perspective"] = "perspective"
+    distortion_scale: float = Field(0.5, ge=0, le=1)
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        h, w = canvas
+        dx, dy = int(self.distortion_scale * w / 2), int(self.distortion_scale * h / 2)
+
+        def inward(limit: int) -> int:
+            return int(rng.integers(0, limit + 1))
+
+        start = [[0, 0], [w - 1, 0], [w - 1, h - 1], [0, h - 1]]
+        end = [
+            [inward(dx), inward(dy)],
+            [w - 1 - inward(dx), inward(dy)],
+            [w - 1 - inward(dx), h - 1 - inward(dy)],
+            [inward(dx), h - 1 - inward(dy)],
+        ]
+        return {"start": start, "end": end}
+
+    @staticmethod
+    def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+        return _homography(params["start"], params["end"]), canvas
+
+
+# ---------------------------------------------------------------- photometric ops
+
+
+def _per_sample(params: list[Params], key: str, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([p[key] for p in params], dtype=like.dtype, device=like.device)
+
+
+def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    enhance = kornia.enhance
+    return {
+        "brightness": enhance.adjust_brightness_accumulative,
+        "contrast": enhance.adjust_contrast_with_mean_subtraction,
+        "saturation": enhance.adjust_saturation_with_gray_subtraction,
+        "hue": lambda x, f: enhance.adjust_hue(x, f * 2 * math.pi),
+    }
+
+
+class ColorJitter(PhotometricOp):
+    """torchvision's ColorJitter, with the order of its four steps drawn per sample."""
+
+    name: Literal["color_jitter"] = "color_jitter"
+    brightness: float = Field(0.0, ge=0)
+    contrast: float = Field(0.0, ge=0)
+    saturation: float = Field(0.0, ge=0)
+    hue: float = Field(0.0, ge=0, le=0.5)
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        order = [str(s) for s in rng.permutation(["brightness", "contrast", "saturation", "hue"])]
+        spans = {"brightness": self.brightness, "contrast": self.contrast}
+        spans |= {"saturation": self.saturation}
+        factors = {k: _uniform(rng, (max(0.0, 1 - v), 1 + v)) for k, v in spans.items() if v}
+        if self.hue:
+            factors["hue"] = _uniform(rng, (-self.hue, self.hue))
+        return {"order": [s for s in order if s in factors], **factors}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        steps = _jitter_steps()
+        for position in range(4):
+            for step, fn in steps.items():
+                chosen = [
+                    i for i, p in enumerate(params) if p["order"][position : position + 1] == [step]
+                ]
+                if chosen:
+                    index = torch.tensor(chosen, device=images.device)
+                    factor = _per_sample([params[i] for i in chosen], step, images)
+                    images = images.index_copy(0, index, fn(images[index], factor))
+        return images.clamp(0, 1)
+
+
+class Grayscale(PhotometricOp):
+    name: Literal["grayscale"] = "grayscale"
+    p: float = Field(0.1, ge=0, le=1)
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        return kornia.color.rgb_to_grayscale(images).expand(-1, 3, -1, -1).contiguous()
+
+
+class GaussianBlur(PhotometricOp):
+    """Blur with an odd `kernel_size` and a sigma drawn from `sigma` [low, high]."""
+
+    name: Literal["gaussian_blur"] = "gaussian_blur"
+    kernel_size: int = Field(5, ge=3, le=63)
+    sigma: tuple[float, float] = (0.1, 2.0)
+    _order = field_validator("sigma")(lambda cls, v: _ordered(v))
+
+    @field_validator("kernel_size")
+    @classmethod
+    def _odd(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError("must be odd")
+        return value
+
+    @field_validator("sigma")
+    @classmethod
+    def _positive(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"kernel_size": self.kernel_size, "sigma": _uniform(rng, self.sigma)}
+
+    @staticmethod
+    def batch_key(params: Params) -> object:
+        return params["kernel_size"]
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        k = params[0]["kernel_size"]
+        sigma = _per_sample(params, "sigma", images)[:, None].expand(-1, 2)
+        return kornia.filters.gaussian_blur2d(images, (k, k), sigma, border_type="reflect")
+
+
+def _generator(seed: int) -> torch.Generator:
+    """Noise is drawn on the CPU from a recorded seed, so every device sees the same noise."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _noise_seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 2**63 - 1))
+
+
+class GaussianNoise(PhotometricOp):
+    """Add N(mean, std) noise, std drawn from `std` [low, high] (in units of full scale)."""
+
+    name: Literal["gaussian_noise"] = "gaussian_noise"
+    mean: float = 0.0
+    std: tuple[float, float] = (0.01, 0.05)
+    _order = field_validator("std")(lambda cls, v: _ordered(_non_neg_range(v)))
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"mean": self.mean, "std": _uniform(rng, self.std), "noise_seed": _noise_seed(rng)}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        shape = images.shape[1:]
+        noise = torch.stack(
+            [torch.randn(shape, generator=_generator(p["noise_seed"])) for p in params]
+        )
+        mean, std = (_per_sample(params, k, images)[:, None, None, None] for k in ("mean", "std"))
+        return (images + noise.to(images.device) * std + mean).clamp(0, 1)
+
+
+class SaltAndPepper(PhotometricOp):
+    """Set a fraction `amount` [low, high] of pixels to white (salt) or black (pepper)."""
+
+    name: Literal["salt_and_pepper"] = "salt_and_pepper"
+    amount: tuple[float, float] = (0.01, 0.05)
+    salt_vs_pepper: float = Field(0.5, ge=0, le=1)
+
+    @field_validator("amount")
+    @classmethod
+    def _fraction(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= value[0] <= value[1] <= 1:
+            raise ValueError("must be [low, high] within [0, 1]")
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        amount = _uniform(rng, self.amount)
+        return {
+            "amount": amount,
+            "salt_vs_pepper": self.salt_vs_pepper,
+            "noise_seed": _noise_seed(rng),
+        }
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        shape = (1, *images.shape[2:])
+        u = torch.stack([torch.rand(shape, generator=_generator(p["noise_seed"])) for p in params])
+        u = u.to(images.device)
+        amount = _per_sample(params, "amount", images)[:, None, None, None]
+        salt = amount * _per_sample(params, "salt_vs_pepper", images)[:, None, None, None]
+        images = torch.where(u < salt, torch.ones_like(images), images)
+        return torch.where((u >= salt) & (u < amount), torch.zeros_like(images), images)
+
+
+class Erasing(PhotometricOp):
+    """Fill a random rectangle (area fraction `scale`, aspect `ratio`) with `value`."""
+
+    name: Literal["erasing"] = "erasing"
+    p: float = Field(0.5, ge=0, le=1)
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: float = Field(0.0, ge=0, le=1)
+    _order = field_validator("scale", "ratio")(lambda cls, v: _ordered(v))
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        height, width = canvas
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            area = height * width * _uniform(rng, self.scale)
+            aspect = math.exp(_uniform(rng, log_ratio))
+            h, w = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+            if 0 < h < height and 0 < w < width:
+                x0 = int(rng.integers(0, width - w + 1))
+                y0 = int(rng.integers(0, height - h + 1))
+                return {"box": [x0, y0, w, h], "value": self.value}
+        return {"box": [0, 0, 0, 0], "value": self.value}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        images = images.clone()
+        for image, p in zip(images, params, strict=True):
+            x0, y0, w, h = p["box"]
+            image[:, y0 : y0 + h, x0 : x0 + w] = p["value"]
+        return images
+
+
+class Sharpness(PhotometricOp):
+    """PIL-style sharpness with a factor from `factor` [low, high] (1 = unchanged)."""
+
+    name: Literal["sharpness"] = "sharpness"
+    factor: tuple[float, float] = (0.5, 2.0)
+    _order = field_validator("factor")(lambda cls, v: _ordered(_non_neg_range(v)))
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"factor": _uniform(rng, self.factor)}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        return kornia.enhance.sharpness(images, _per_sample(params, "factor", images))
+
+
+class Posterize(PhotometricOp):
+    """Keep `bits` [low, high] high bits per channel."""
+
+    name: Literal["posterize"] = "posterize"
+    bits: tuple[int, int] = (4, 8)
+
+    @field_validator("bits")
+    @classmethod
+    def _bits(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1] <= 8:
+            raise ValueError("must be [low, high] within [1, 8]")
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"bits": int(rng.integers(self.bits[0], self.bits[1] + 1))}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        bits = torch.tensor([p["bits"] for p in params], device=images.device)
+        return kornia.enhance.posterize(images, bits)
+
+
+class Solarize(PhotometricOp):
+    """Invert pixels at or above a threshold drawn from `threshold` [low, high]."""
+
+    name: Literal["solarize"] = "solarize"
+    threshold: tuple[float, float] = (0.5, 0.5)
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _scalar(cls, value: object) -> object:
+        return (value, value) if isinstance(value, int | float) else value
+
+    @field_validator("threshold")
+    @classmethod
+    def _unit(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= value[0] <= value[1] <= 1:
+            raise ValueError("must be [low, high] within [0, 1]")
+        return value
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        return {"threshold": _uniform(rng, self.threshold)}
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        return kornia.enhance.solarize(images, _per_sample(params, "threshold", images))
+
+
+class Equalize(PhotometricOp):
+    name: Literal["equalize"] = "equalize"
+
+    @staticmethod
+    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        return kornia.enhance.equalize(images)
+
+
+GEOMETRIC = (Resize, CenterCrop, RandomCrop, RandomResizedCrop, HorizontalFlip, VerticalFlip)
+GEOMETRIC += (Rotation, Affine, Perspective)
+PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, GaussianNoise, SaltAndPepper, Erasing)
+PHOTOMETRIC += (Sharpness, Posterize, Solarize, Equalize)
+CATALOGUE: dict[str, type[Op]] = {
+    cls.model_fields["name"].default: cls for cls in GEOMETRIC + PHOTOMETRIC
+}
+
+AnyOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  # noqa: UP007
+
+
+# ---------------------------------------------------------------- per-sample plans
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One op applied to one sample: its place in the pipeline and its drawn parameters."""
+
+    position: int
+    name: str
+    params: Params
+
+    @property
+    def op(self) -> type[Op]:
+        return CATALOGUE[self.name]
+
+    def record(self) -> dict[str, Any]:
+        return {"op": self.name, "params": self.params}
+
+
+def draw_ops(pipeline: Sequence[Op], seed: int, canvas: Canvas) -> list[Applied]:
+    """Every random choice for one sample, from its seed alone (each op its own stream)."""
+    applied = []
+    for position, op in enumerate(pipeline):
+        rng = np.random.default_rng([seed, position])
+        if rng.random() >= op.p:
+            continue
+        params = op.draw(rng, canvas)
+        applied.append(Applied(position, op.name, params))
+        if isinstance(op, GeometricOp):
+            canvas = op.matrix(params, canvas)[1]
+    return applied
+
+
+def from_records(records: list[dict[str, Any]]) -> list[Applied]:
+    """The manifest's `ops` back into a plan (positions are the order they were applied in)."""
+    return [Applied(i, r["op"], r["params"]) for i, r in enumerate(records)]
+
+
+def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> np.ndarray:
+    """The fused homography of the geometric ops before the first photometric one."""
+    matrix = np.eye(3)
+    for step in applied:
+        if step.op.kind != "geometric":
+            break
+        step_matrix, canvas = step.op.matrix(step.params, canvas)
+        matrix = step_matrix @ matrix
+    return matrix
+
+
+def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
+    """How much the source can shrink at decode: source pixels per output pixel, rounded down.
+
+    A pure function of the plan, so a replay decodes at the same scale as the job did.
+    """
+    linear = leading_warp(applied, canvas)[:2, :2]
+    det = abs(float(np.linalg.det(linear)))
+    return max(1, int(1 / math.sqrt(det))) if det > 0 else 1

@@ -1,0 +1,75 @@
+"""The plan: the input's work units, the job's fingerprint, and what is left to do on resume."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+
+from rayaug import commit
+from rayaug.errors import UsageError
+from rayaug.sources import Listing, WorkUnit, list_input
+from rayaug.spec import JobSpec, dump_spec, fingerprint
+from rayaug.storage import Location
+
+
+def versions() -> dict[str, str]:
+    """Versions that change output bytes; a resume across them would mix two outputs."""
+    return {name: version(name) for name in ("rayaug", "kornia", "torch", "pillow")}
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    format: str
+    units: list[WorkUnit]
+    ignored: int
+    fingerprint: str
+
+    @property
+    def planned_sources(self) -> int | None:
+        """Known for folders and Parquet; a tar's member count is known only once read."""
+        counts = [unit.planned for unit in self.units]
+        return None if any(c is None for c in counts) else sum(counts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> JobPlan:
+        units = [
+            WorkUnit(
+                u["shard"], tuple(u["files"]), tuple(u["rows"]) if u["rows"] else None, u["planned"]
+            )
+            for u in data["units"]
+        ]
+        return cls(data["format"], units, data["ignored"], data["fingerprint"])
+
+
+def make_plan(spec: JobSpec, source: Location) -> JobPlan:
+    listing: Listing = list_input(source, spec.input, spec.output.shard_size)
+    files = [f"{path}:{size}" for path, size in listing.files]
+    digest = fingerprint(spec, files, versions())
+    return JobPlan(listing.format, listing.units, listing.ignored, digest)
+
+
+def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
+    """Plan the job; on an existing output, refuse a different job (spec, input or versions)."""
+    plan = make_plan(spec, source)
+    recorded = commit.read_json(out, commit.FINGERPRINT)
+    if recorded is not None and recorded["fingerprint"] != plan.fingerprint:
+        raise UsageError(
+            f"{out.uri} holds the output of a different job: the spec, the input listing or "
+            "the rayaug/kornia/torch/pillow versions differ from those recorded in "
+            f"{out.uri_of(commit.FINGERPRINT)}. Use a new output URI, or finish the recorded "
+            f"job with: rayaug resume {out.uri}"
+        )
+    if recorded is None:
+        out.write_bytes(commit.SPEC, dump_spec(spec).encode())
+        commit.write_json(out, commit.PLAN, plan.to_json())
+        commit.write_json(
+            out, commit.FINGERPRINT, {"fingerprint": plan.fingerprint, "versions": versions()}
+        )
+    return plan
+
+
+def pending_units(plan: JobPlan, committed: set[str]) -> list[WorkUnit]:
+    return [unit for unit in plan.units if unit.shard not in committed]

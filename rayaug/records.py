@@ -1,0 +1,77 @@
+"""The records that flow between stages: plain, typed, and free of any engine type."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def sample_id(source_key: str, view: int) -> str:
+    return f"{source_key}#{view}"
+
+
+def sample_seed(job_seed: int, source_key: str, view: int) -> int:
+    """The seed of one output sample: depends on nothing but the job seed, key and view."""
+    digest = hashlib.blake2b(f"{job_seed}\0{source_key}\0{view}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1  # 63 bits: fits Arrow int64
+
+
+@dataclass(frozen=True)
+class SourceSample:
+    """One input image as read from storage; a read failure travels as `error`, not as raise."""
+
+    key: str
+    uri: str  # the object that holds it (the file, the Parquet file, the tar shard)
+    data: bytes | None
+    label: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AugmentedSample:
+    """One output view: its encoded bytes and everything needed to replay it."""
+
+    source_key: str
+    source_uri: str
+    view: int
+    seed: int
+    label: str | None
+    ops: list[dict[str, Any]]
+    source_size: tuple[int, int]  # (height, width) after EXIF orientation
+    image: bytes
+    height: int
+    width: int
+
+    @property
+    def sample_id(self) -> str:
+        return sample_id(self.source_key, self.view)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.image).hexdigest()
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A sample that could not be produced, and why (the quarantine row)."""
+
+    source_key: str
+    view: int
+    stage: str  # read | decode | augment | encode
+    error_class: str
+    message: str
+
+    @property
+    def sample_id(self) -> str:
+        return sample_id(self.source_key, self.view)
+
+
+@dataclass
+class ShardOutput:
+    """What the augment stage made of one work unit."""
+
+    device: str = "cpu"
+    sources: int = 0
+    samples: list[AugmentedSample] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)

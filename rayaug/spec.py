@@ -1,0 +1,170 @@
+"""The job spec: one versioned, validated model, loaded once at the edge and passed down typed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rayaug.errors import SpecError
+from rayaug.ops import AnyOp, Resize
+
+SPEC_VERSION = 1
+
+
+class Model(BaseModel):
+    """Strict base: unknown fields are mistakes (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(Model):
+    uri: str = Field(min_length=1)
+    format: Literal["auto", "folder", "parquet", "webdataset"] = "auto"
+    image_column: str = "image"
+    label_column: str | None = "label"
+    key_column: str | None = None
+
+
+class OutputSpec(Model):
+    uri: str = Field(min_length=1)
+    format: Literal["parquet", "webdataset"] = "parquet"
+    image_format: Literal["jpeg", "png", "webp"] = "jpeg"
+    quality: int = Field(90, ge=1, le=100)
+    size: tuple[int, int] | None = Field(
+        None, description="final [height, width]; appends a resize"
+    )
+    shard_size: int = Field(256, ge=1, le=100_000, description="source images per output shard")
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _square(cls, value: object) -> object:
+        return (value, value) if isinstance(value, int) else value
+
+    @field_validator("size")
+    @classmethod
+    def _positive(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and min(value) < 1:
+            raise ValueError("must be positive")
+        return value
+
+
+class ExecutionSpec(Model):
+    """How the job runs. Never changes what it writes, so it is left out of the fingerprint."""
+
+    batch_size: int = Field(32, ge=1, le=4096)
+    concurrency: int | Literal["auto"] = "auto"
+    num_gpus: float | Literal["auto"] = "auto"
+    cpus_per_actor: float | Literal["auto"] = "auto"
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be ≥ 1 or 'auto'")
+        return value
+
+    @field_validator("num_gpus", "cpus_per_actor")
+    @classmethod
+    def _non_negative(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and value < 0:
+            raise ValueError("must be ≥ 0 or 'auto'")
+        return value
+
+
+class ErrorPolicy(Model):
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="quarantined / planned samples")
+    max_pixels: int = Field(100_000_000, ge=1, description="larger images are quarantined")
+
+
+class StorageSpec(Model):
+    """S3 endpoint and region; credentials come only from the AWS environment, never the spec."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    retries: int = Field(6, ge=0, le=50)
+
+
+class JobSpec(Model):
+    version: Literal[1] = SPEC_VERSION
+    name: str = "rayaug-job"
+    input: InputSpec
+    output: OutputSpec
+    views: int = Field(1, ge=1, le=10_000)
+    seed: int = Field(0, ge=0, lt=2**63)
+    ops: list[AnyOp] = Field(min_length=1)
+    execution: ExecutionSpec = ExecutionSpec()
+    errors: ErrorPolicy = ErrorPolicy()
+    storage: StorageSpec = StorageSpec()
+
+    def pipeline(self) -> list[AnyOp]:
+        """The ops every sample goes through, the output size included."""
+        if self.output.size is None:
+            return list(self.ops)
+        return [*self.ops, Resize(size=self.output.size)]
+
+    def output_defining(self) -> dict:
+        """Every field that decides the output's bytes: what the fingerprint covers."""
+        return self.model_dump(mode="json", exclude={"name", "execution", "storage", "errors"}) | {
+            "max_pixels": self.errors.max_pixels
+        }
+
+
+def _path_of(loc: tuple[str | int, ...]) -> str:
+    """('ops', 2, 'rotation', 'degrees') -> 'ops[2].degrees' (the union tag is noise to a user)."""
+    path = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif i >= 2 and loc[i - 2] == "ops" and isinstance(loc[i - 1], int):
+            continue
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def _messages(error: ValidationError) -> list[str]:
+    return [
+        f"{_path_of(e['loc']) or '<root>'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in error.errors()
+    ]
+
+
+def parse_spec(data: object, source: str = "<spec>") -> JobSpec:
+    """Validate a mapping into a JobSpec; a bad field raises SpecError naming its path and file."""
+    if not isinstance(data, dict):
+        raise SpecError(source, ["<root>: a job spec is a YAML mapping"])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(source, _messages(error)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a YAML job spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise SpecError(str(path), [f"cannot read: {error.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError(str(path), [f"not valid YAML: {error}"]) from None
+    return parse_spec(data, str(path))
+
+
+def dump_spec(spec: JobSpec) -> str:
+    """The resolved spec as YAML (what `_job/spec.yaml` holds)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+
+def fingerprint(spec: JobSpec, listing: list[str], versions: dict[str, str]) -> str:
+    """Hash of what decides the output: spec (less execution), the input listing, versions."""
+    payload = {"spec": spec.output_defining(), "listing": listing, "versions": versions}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+    return digest.hexdigest()

@@ -1,0 +1,203 @@
+"""URIs to filesystems (local disk or S3-compatible), with retries and atomic writes.
+
+Credentials are never taken from the spec: pyarrow reads the standard AWS environment and
+config files. The endpoint and region may come from the spec or AWS_ENDPOINT_URL / AWS_REGION.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from rayaug.errors import StorageError, UsageError
+from rayaug.spec import StorageSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Errors that no amount of waiting fixes: report at once instead of retrying.
+_PERMANENT = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "NoSuchBucket",
+    "NO_SUCH_BUCKET",
+    "INVALID_ACCESS_KEY",
+)
+
+
+def _is_permanent(error: BaseException) -> bool:
+    if isinstance(error, FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return True
+    return any(marker in str(error) for marker in _PERMANENT)
+
+
+def retrying(work: Callable[[], T], what: str, attempts: int, base_delay: float = 0.5) -> T:
+    """Run `work`, retrying transient OSErrors with exponential backoff and jitter."""
+    for attempt in range(attempts + 1):
+        try:
+            return work()
+        except OSError as error:
+            if _is_permanent(error) or attempt == attempts:
+                raise StorageError(f"{what}: {_one_line(error)}") from None
+            delay = min(base_delay * 2**attempt, 15.0) * (0.5 + random.random())
+            log.warning(
+                "%s failed (%s); retry %d/%d in %.1fs",
+                what,
+                _one_line(error),
+                attempt + 1,
+                attempts,
+                delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300] or type(error).__name__
+
+
+@dataclass(frozen=True)
+class Location:
+    """A root on one filesystem (an output prefix, an input prefix) and how to retry on it."""
+
+    uri: str
+    fs: pafs.FileSystem
+    root: str
+    attempts: int
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def path(self, relative: str) -> str:
+        return f"{self.root}/{relative}" if relative else self.root
+
+    def uri_of(self, relative: str) -> str:
+        return f"{self.uri.rstrip('/')}/{relative}"
+
+    def read_bytes(self, relative: str) -> bytes:
+        def read() -> bytes:
+            with self.fs.open_input_stream(self.path(relative)) as stream:
+                return stream.read()
+
+        return retrying(read, f"reading {self.uri_of(relative)}", self.attempts)
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Write whole or not at all: S3 objects appear atomically; local files are renamed."""
+        retrying(
+            lambda: self._write_once(relative, data),
+            f"writing {self.uri_of(relative)}",
+            self.attempts,
+        )
+
+    def _write_once(self, relative: str, data: bytes) -> None:
+        target = self.path(relative)
+        if not self.is_local:
+            with self.fs.open_output_stream(target) as stream:
+                stream.write(data)
+            return
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        temporary = f"{target}.tmp-{uuid.uuid4().hex}"
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+
+    def exists(self, relative: str) -> bool:
+        def probe() -> bool:
+            return self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
+
+        return retrying(probe, f"checking {self.uri_of(relative)}", self.attempts)
+
+    def list(self, relative: str = "", recursive: bool = False) -> list[tuple[str, int]]:
+        """(path relative to the root, size) of the files under a folder, sorted; [] if none."""
+        base = self.path(relative)
+
+        def scan() -> list[pafs.FileInfo]:
+            selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
+            return self.fs.get_file_info(selector)
+
+        infos = retrying(scan, f"listing {self.uri_of(relative)}", self.attempts)
+        files = [
+            (info.path[len(self.root) + 1 :], info.size or 0)
+            for info in infos
+            if info.type == pafs.FileType.File
+        ]
+        return sorted(files)
+
+    def delete(self, relative: str) -> None:
+        retrying(
+            lambda: self.fs.delete_file(self.path(relative)),
+            f"deleting {self.uri_of(relative)}",
+            self.attempts,
+        )
+
+
+def _s3_filesystem(storage: StorageSpec) -> pafs.S3FileSystem:
+    endpoint = (
+        storage.endpoint
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    region = (
+        storage.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    ) or "us-east-1"
+    options: dict = {
+        "region": region,
+        "connect_timeout": 5,
+        "request_timeout": 60,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+    }
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        if not parsed.hostname:
+            raise UsageError(f"storage.endpoint {endpoint!r} is not a URL like http://host:port")
+        options |= {"endpoint_override": parsed.netloc, "scheme": parsed.scheme}
+    return pafs.S3FileSystem(**options)
+
+
+def open_location(uri: str, storage: StorageSpec) -> Location:
+    """Resolve a local path, file:// or s3://bucket/prefix URI. Raises UsageError if malformed."""
+    parsed = urlparse(uri)
+    attempts = storage.retries
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise UsageError(f"{uri!r} names no bucket: use s3://BUCKET/PREFIX")
+        root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+        return Location(uri.rstrip("/"), _s3_filesystem(storage), root, attempts)
+    if parsed.scheme in ("", "file"):
+        path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+        return Location(str(path), pafs.LocalFileSystem(), str(path), attempts)
+    raise UsageError(f"{uri!r}: unsupported URI scheme {parsed.scheme!r} (use a path or s3://)")
+
+
+def check_reachable(location: Location, must_exist: bool) -> None:
+    """Fail fast, before Ray starts, on a wrong endpoint, credentials or missing input."""
+    try:
+        info = location.fs.get_file_info(location.root)
+    except OSError as error:
+        raise UsageError(f"cannot access {location.uri}: {_explain(error)}") from None
+    if must_exist and info.type == pafs.FileType.NotFound:
+        raise UsageError(f"input {location.uri} does not exist")
+
+
+def _explain(error: OSError) -> str:
+    text = _one_line(error)
+    if any(m in text for m in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ACCESS_DENIED")):
+        return f"credentials refused ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+    if "NETWORK_CONNECTION" in text or "Couldn't connect" in text or "curlCode" in text:
+        return f"endpoint unreachable ({text}); check storage.endpoint / AWS_ENDPOINT_URL"
+    return text
