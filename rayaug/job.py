@@ -260,10 +260,12 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     context.print_on_execution_start = False
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
-    retries = {"max_retries": TASK_RETRIES}
     dataset = ray.data.from_items(units, override_num_blocks=len(units))
     dataset = dataset.map(
-        _read, fn_kwargs={"spec": spec, "fmt": plan.format}, num_cpus=IO_TASK_CPUS, **retries
+        _read,
+        fn_kwargs={"spec": spec, "fmt": plan.format},
+        num_cpus=IO_TASK_CPUS,
+        ray_remote_args_fn=_task_retries,
     )
     dataset = dataset.map_batches(
         _AugmentStage,
@@ -273,10 +275,19 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         compute=ActorPoolStrategy(size=shape.size),
         num_cpus=shape.cpus_per_actor,
         num_gpus=shape.gpus_per_actor,
-        max_restarts=ACTOR_RESTARTS,
-        max_task_retries=TASK_RETRIES,
+        ray_remote_args_fn=_actor_retries,
     )
-    return dataset.map(_write, fn_kwargs={"spec": spec}, num_cpus=IO_TASK_CPUS, **retries)
+    return dataset.map(
+        _write, fn_kwargs={"spec": spec}, num_cpus=IO_TASK_CPUS, ray_remote_args_fn=_task_retries
+    )
+
+
+def _task_retries() -> dict:
+    return {"max_retries": TASK_RETRIES}
+
+
+def _actor_retries() -> dict:
+    return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": TASK_RETRIES}
 
 
 # ---------------------------------------------------------------- stage adapters (run on workers)

@@ -381,6 +381,7 @@ class ColorJitter(PhotometricOp):
 
     @staticmethod
     def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        images = images.clone()  # updated in place, one subset per step, below
         steps = _jitter_steps()
         for position in range(4):
             for step, fn in steps.items():
@@ -390,7 +391,7 @@ class ColorJitter(PhotometricOp):
                 if chosen:
                     index = torch.tensor(chosen, device=images.device)
                     factor = _per_sample([params[i] for i in chosen], step, images)
-                    images = images.index_copy(0, index, fn(images[index], factor))
+                    images[index] = fn(images[index], factor)
         return images.clamp(0, 1)
 
 
@@ -671,5 +672,6 @@ def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
     A pure function of the plan, so a replay decodes at the same scale as the job did.
     """
     linear = leading_warp(applied, canvas)[:2, :2]
-    det = abs(float(np.linalg.det(linear)))
-    return max(1, int(1 / math.sqrt(det))) if det > 0 else 1
+    # The least-shrunk direction decides: a mean (sqrt of det) over-shrinks a squashed axis.
+    stretch = float(np.linalg.svd(linear, compute_uv=False)[0])
+    return max(1, int(1 / stretch)) if stretch > 0 else 1

@@ -1,0 +1,248 @@
+"""The driver end to end on a real local Ray: layout, determinism, resume, refusals, S3."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+import yaml
+from conftest import BUCKET
+
+from rayaug import commit, inspect, sampledata
+from rayaug.errors import JobFailed, UsageError
+from rayaug.job import RunOptions, Tally, pool_shape, run_job
+from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
+from rayaug.storage import open_location
+
+OPS = [
+    {"name": "random_resized_crop", "size": 64, "scale": [0.3, 1.0]},
+    {"name": "horizontal_flip"},
+    {"name": "color_jitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},
+    {"name": "rotation", "degrees": 15, "p": 0.5},
+    {"name": "gaussian_noise", "p": 0.3},
+]
+
+
+class Quiet:
+    """A Progress that records what the driver reported."""
+
+    def __init__(self) -> None:
+        self.commits: list[int] = []
+
+    def started(self, tally: Tally) -> None:
+        self.start = tally.samples
+
+    def committed(self, tally: Tally) -> None:
+        self.commits.append(tally.samples)
+
+
+def make_spec(source: str, out: str, **overrides) -> JobSpec:
+    data = {
+        "input": {"uri": source},
+        "output": {"uri": out, "shard_size": 5},
+        "views": 2,
+        "seed": 11,
+        "ops": OPS,
+        "execution": {"batch_size": 8, "concurrency": 1},
+    }
+    for key, value in overrides.items():
+        data[key] = data[key] | value if isinstance(value, dict) and key in data else value
+    return parse_spec(data)
+
+
+def run(spec: JobSpec) -> Quiet:
+    progress = Quiet()
+    run_job(spec, RunOptions(), progress)
+    return progress
+
+
+def manifest_digests(uri: str) -> dict[str, tuple[str, str]]:
+    table = inspect.manifests(open_location(uri, StorageSpec()))
+    rows = table.select(["sample_id", "sha256", "ops"]).to_pylist()
+    return {r["sample_id"]: (r["sha256"], r["ops"]) for r in rows}
+
+
+def test_pool_shape_leaves_cpu_for_io_tasks() -> None:
+    shape = pool_shape(ExecutionSpec(), cpus=2, gpus=0)
+    assert shape.size == 2 and shape.size * shape.cpus_per_actor <= 1.5
+    assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).size == 4
+    assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).gpus_per_actor == 1.0
+    assert pool_shape(ExecutionSpec(concurrency=3, num_gpus=0), cpus=64, gpus=8).size == 3
+
+
+def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    progress = run(make_spec(str(photo_folder), str(out)))
+    assert progress.commits[-1] == 48  # 24 photos x 2 views
+    shards = [f"part-{i:05d}" for i in range(5)]
+    for shard in shards:
+        assert (out / "data" / f"{shard}.parquet").exists()
+        assert (out / "manifests" / f"{shard}.parquet").exists()
+    for name in ("_job/spec.yaml", "_job/fingerprint.json", "_job/plan.json", "_SUCCESS"):
+        assert (out / name).exists(), name
+    assert not (out / "_job" / "lock").exists()
+    manifest = pq.read_table(out / "manifests" / "part-00000.parquet")
+    for column in ("sample_id", "source_uri", "source_key", "view", "label", "seed", "ops",
+                   "shard", "index", "width", "height", "format", "sha256", "device",
+                   "rayaug_version", "kornia_version"):
+        assert column in manifest.column_names
+    assert set(manifest.column("width").to_pylist()) == {64}
+    output = inspect.open_output(open_location(str(out), StorageSpec()))
+    assert inspect.verify(output) == []
+
+
+def test_same_bytes_whatever_batch_size_and_actor_count(
+    ray_cluster: str, photo_folder: Path, tmp_path: Path
+) -> None:
+    one = make_spec(str(photo_folder), str(tmp_path / "a"),
+                    execution={"batch_size": 1, "concurrency": 1})
+    many = make_spec(str(photo_folder), str(tmp_path / "b"),
+                     execution={"batch_size": 32, "concurrency": 2})
+    run(one)
+    run(many)
+    first, second = manifest_digests(str(tmp_path / "a")), manifest_digests(str(tmp_path / "b"))
+    assert len(first) == 48 and first == second
+    for shard in ("part-00000", "part-00004"):
+        data = [(tmp_path / d / "data" / f"{shard}.parquet").read_bytes() for d in ("a", "b")]
+        assert data[0] == data[1]
+
+
+def test_existing_output_of_another_job_is_refused(
+    ray_cluster: str, photo_folder: Path, tmp_path: Path
+) -> None:
+    out = str(tmp_path / "out")
+    run(make_spec(str(photo_folder), out))
+    with pytest.raises(UsageError, match="different job"):
+        run(make_spec(str(photo_folder), out, seed=12))
+    # Execution settings do not change the output, so they do not make it another job.
+    run(make_spec(str(photo_folder), out, execution={"batch_size": 3}))
+
+
+def test_second_driver_on_the_same_output_is_refused(photo_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    lease = commit.Lease(open_location(str(out), StorageSpec()))
+    lease.acquire()
+    try:
+        with pytest.raises(UsageError, match="another run"):
+            run(make_spec(str(photo_folder), str(out)))
+    finally:
+        lease.release()
+
+
+def test_broken_inputs_are_quarantined_and_counted(
+    ray_cluster: str, photo_folder: Path, tmp_path: Path
+) -> None:
+    (photo_folder / "astronaut" / "broken.jpg").write_text("not a jpeg")
+    (photo_folder / "astronaut" / "empty.jpg").write_bytes(b"")
+    out = tmp_path / "out"
+    spec = make_spec(str(photo_folder), str(out), errors={"max_error_rate": 0.2})
+    run(spec)
+    errors = inspect.quarantine(open_location(str(out), spec.storage)).to_pylist()
+    assert sorted(e["sample_id"] for e in errors) == [
+        "astronaut/broken.jpg#0", "astronaut/broken.jpg#1",
+        "astronaut/empty.jpg#0", "astronaut/empty.jpg#1",
+    ]
+    assert {e["stage"] for e in errors} == {"decode"}
+    assert json_of(out / "_SUCCESS")["quarantined"] == 4
+
+
+def json_of(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_error_budget_stops_the_job(ray_cluster: str, photo_folder: Path, tmp_path: Path) -> None:
+    for i in range(6):
+        (photo_folder / "coffee" / f"bad{i}.jpg").write_bytes(b"\xff\xd8\xff truncated")
+    out = tmp_path / "out"
+    with pytest.raises(JobFailed, match="error budget exceeded"):
+        run(make_spec(str(photo_folder), str(out), errors={"max_error_rate": 0.05}))
+    assert not (out / "_SUCCESS").exists()
+
+
+@pytest.mark.s3
+def test_webdataset_from_s3_to_s3(ray_cluster: str, s3, photos, tmp_path: Path) -> None:
+    prefix = f"{BUCKET}/{uuid.uuid4().hex[:8]}"
+    local = tmp_path / "tars"
+    sampledata.write_webdataset(photos, local, samples_per_tar=10)
+    s3fs = s3.filesystem()
+    for tar in sorted(local.glob("*.tar")):
+        with s3fs.open_output_stream(f"{prefix}/in/{tar.name}") as stream:
+            stream.write(tar.read_bytes())
+    spec = make_spec(f"s3://{prefix}/in", f"s3://{prefix}/out",
+                     output={"format": "webdataset"})
+    run(spec)
+    out = open_location(f"s3://{prefix}/out", spec.storage)
+    assert inspect.verify(inspect.open_output(out)) == []
+    tar = out.read_bytes("data/part-00000.tar")
+    (tmp_path / "part.tar").write_bytes(tar)
+    samples = list(wds.WebDataset(str(tmp_path / "part.tar"), shardshuffle=False).decode("pil"))
+    assert len(samples) == 20 and samples[0]["jpg"].size == (64, 64)
+    assert samples[0]["txt"] == samples[0]["json"]["label"]
+    assert s3.secret_key not in out.read_bytes("_job/spec.yaml").decode()
+
+
+def test_parquet_input(ray_cluster: str, photos, tmp_path: Path) -> None:
+    sampledata.write_parquet(photos, tmp_path / "pq", rows_per_file=12)
+    out = tmp_path / "out"
+    spec = make_spec(str(tmp_path / "pq"), str(out), input={"key_column": "key"})
+    run(spec)
+    rows = inspect.manifests(open_location(str(out), spec.storage)).to_pylist()
+    assert len(rows) == 48
+    assert {r["source_key"] for r in rows} == {p.key for p in photos}  # the key column
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_to_the_same_output(
+    ray_cluster: str, photos, tmp_path: Path
+) -> None:
+    source = tmp_path / "input"
+    sampledata.write_folder(list(sampledata.make_photos(60, seed=5, short_side=(200, 300))), source)
+    spec_file = tmp_path / "job.yaml"
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    spec_data = {"input": {"uri": str(source)}, "output": {"uri": str(killed), "shard_size": 2},
+                 "views": 3, "seed": 3, "ops": OPS,
+                 "execution": {"batch_size": 6, "concurrency": 2}}
+    spec_file.write_text(yaml.safe_dump(spec_data))
+    rayaug = Path(sys.executable).parent / "rayaug"
+    driver = subprocess.Popen([str(rayaug), "run", str(spec_file), "--address", ray_cluster],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=os.environ | {"RAY_ADDRESS": ""})
+    manifests = killed / "manifests"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(manifests.glob("*.parquet"))) < 2:
+        assert driver.poll() is None, driver.stderr.read().decode()
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    committed_at_kill = len(list(manifests.glob("*.parquet")))
+    assert 2 <= committed_at_kill < 30, "the kill must land mid-job"
+    assert (killed / "_job" / "lock").exists()  # the dead driver's lease, taken over below
+
+    resumed = run(parse_spec(spec_data))
+    assert resumed.start >= 2 * 3  # committed samples were counted, not redone
+    run(parse_spec(spec_data | {"output": {"uri": str(clean), "shard_size": 2}}))
+    assert manifest_digests(str(killed)) == manifest_digests(str(clean))
+    assert len(manifest_digests(str(clean))) == 180
+    output = inspect.open_output(open_location(str(killed), StorageSpec()))
+    assert inspect.verify(output) == []
+
+
+def test_replay_from_manifest(ray_cluster: str, photo_folder: Path, tmp_path: Path) -> None:
+    spec = make_spec(str(photo_folder), str(tmp_path / "out"))
+    run(spec)
+    output = inspect.open_output(open_location(spec.output.uri, spec.storage))
+    for sample in sorted(manifest_digests(spec.output.uri))[::17]:
+        result = inspect.replay(output, sample, spec.storage)
+        assert result.matches
+        image = inspect.read_images(output.location, spec, result.row["shard"])[sample]
+        assert io.BytesIO(image).getvalue() == result.image
