@@ -19,7 +19,7 @@ from rich.table import Table
 from rayaug.errors import RayaugError, SpecError
 from rayaug.spec import JobSpec, StorageSpec, load_spec
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 out_console = Console(highlight=False, soft_wrap=True)
 
 
