@@ -129,7 +129,7 @@ class Augmenter:
     ) -> _Item:
         reduction = decode_reduction(applied, opened.canvas)
         pixels = codec.decode(opened, reduction)
-        image = torch.from_numpy(pixels.copy()).to(self.device).permute(2, 0, 1).float() / 255
+        image = torch.from_numpy(pixels).to(self.device).permute(2, 0, 1).to(torch.float32) / 255
         pending = _rescale(pixels.shape[:2], opened.canvas) if reduction > 1 else np.eye(3)
         return _Item(
             source.key,

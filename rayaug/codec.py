@@ -35,20 +35,28 @@ def open_image(data: bytes, max_pixels: int) -> Opened:
     """Read the header only; refuse empty, unknown and oversized inputs before any pixel work."""
     if not data:
         raise DecodeError("empty input (0 bytes)")
+    # max_pixels is the one limit: Pillow's own bomb guard (~89M pixels) must not undercut it.
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # checked below
             image = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, Image.DecompressionBombWarning) as error:
+    except UnidentifiedImageError as error:
         raise DecodeError(f"not a readable image: {error}") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
+    except Image.DecompressionBombError as error:  # over twice Pillow's limit ≥ max_pixels
+        raise DecodeError(f"image exceeds max_pixels={max_pixels}: {error}") from None
+    except (OSError, ValueError) as error:
         raise DecodeError(f"bad image header: {error}") from None
     width, height = image.size
     if width < 1 or height < 1:
         raise DecodeError(f"image has no pixels ({width}x{height})")
     if width * height > max_pixels:
         raise DecodeError(f"image of {width}x{height} pixels exceeds max_pixels={max_pixels}")
-    orientation = image.getexif().get(0x0112, 1)
+    try:  # PNG keeps EXIF after the pixels: Pillow loads them to find it
+        orientation = image.getexif().get(0x0112, 1)
+    except (OSError, ValueError, SyntaxError) as error:
+        raise DecodeError(f"cannot decode: {error}") from None
     return Opened(image, (width, height) if orientation in _TRANSPOSED else (height, width))
 
 
@@ -67,7 +75,7 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
             if remaining >= 2:
                 image = image.reduce(remaining)
         image = ImageOps.exif_transpose(image)
-        return np.asarray(_to_rgb(image))
+        return np.array(_to_rgb(image))  # writable: torch can share it without a copy
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise DecodeError(f"cannot decode: {error}") from None
 

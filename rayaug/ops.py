@@ -361,14 +361,64 @@ def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Te
     }
 
 
+# ITU-R 601 luma, as Kornia's grayscale; YIQ for the fused hue rotation about the gray axis.
+_LUMA = np.array([0.299, 0.587, 0.114])
+_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+
+def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray, np.ndarray]:
+    """One jitter step as an affine map of RGB: (3x3 matrix, offset)."""
+    identity, no_offset = np.eye(3), np.zeros(3)
+    if step == "brightness":
+        return factor * identity, no_offset
+    if step == "contrast":
+        return factor * identity, np.full(3, (1 - factor) * mean_gray)
+    if step == "saturation":
+        return factor * identity + (1 - factor) * np.outer(np.ones(3), _LUMA), no_offset
+    angle = factor * 2 * math.pi
+    rotation = np.array(
+        [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
+    )
+    return np.linalg.inv(_YIQ) @ rotation @ _YIQ, no_offset
+
+
+def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    """All four steps as one per-sample affine colour map (one batched matmul).
+
+    Exact without clipping between steps: the contrast step's mean is the mean of an affine
+    image, i.e. the same affine map of the input's mean colour.
+    """
+    means = images.mean(dim=(2, 3)).double().cpu().numpy()
+    matrices, offsets = [], []
+    for mean, p in zip(means, params, strict=True):
+        matrix, offset = np.eye(3), np.zeros(3)
+        for step in p["order"]:
+            step_matrix, step_offset = _fused_step(
+                step, p[step], float(_LUMA @ (matrix @ mean + offset))
+            )
+            matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
+        matrices.append(matrix)
+        offsets.append(offset)
+    matrix = torch.tensor(np.stack(matrices), dtype=images.dtype, device=images.device)
+    offset = torch.tensor(np.stack(offsets), dtype=images.dtype, device=images.device)
+    flat = images.flatten(2)
+    return torch.baddbmm(offset[:, :, None], matrix, flat).clamp_(0, 1).view_as(images)
+
+
 class ColorJitter(PhotometricOp):
-    """torchvision's ColorJitter, with the order of its four steps drawn per sample."""
+    """torchvision's ColorJitter, with the order of its four steps drawn per sample.
+
+    `fused: true` applies the four steps as one affine colour map per sample: about 10x
+    faster on CPU, without clipping between steps, and with hue as a rotation about the gray
+    axis (YIQ) instead of an HSV shift. The default is Kornia's exact torchvision semantics.
+    """
 
     name: Literal["color_jitter"] = "color_jitter"
     brightness: float = Field(0.0, ge=0)
     contrast: float = Field(0.0, ge=0)
     saturation: float = Field(0.0, ge=0)
     hue: float = Field(0.0, ge=0, le=0.5)
+    fused: bool = False
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         order = [str(s) for s in rng.permutation(["brightness", "contrast", "saturation", "hue"])]
@@ -377,10 +427,17 @@ class ColorJitter(PhotometricOp):
         factors = {k: _uniform(rng, (max(0.0, 1 - v), 1 + v)) for k, v in spans.items() if v}
         if self.hue:
             factors["hue"] = _uniform(rng, (-self.hue, self.hue))
-        return {"order": [s for s in order if s in factors], **factors}
+        order = [s for s in order if s in factors]
+        return {"order": order, **factors} | ({"fused": True} if self.fused else {})
+
+    @staticmethod
+    def batch_key(params: Params) -> object:
+        return params.get("fused", False)
 
     @staticmethod
     def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+        if params[0].get("fused"):
+            return _fused_jitter(images, params)
         images = images.clone()  # updated in place, one subset per step, below
         steps = _jitter_steps()
         for position in range(4):
@@ -674,4 +731,4 @@ def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
     linear = leading_warp(applied, canvas)[:2, :2]
     # The least-shrunk direction decides: a mean (sqrt of det) over-shrinks a squashed axis.
     stretch = float(np.linalg.svd(linear, compute_uv=False)[0])
-    return max(1, int(1 / stretch)) if stretch > 0 else 1
+    return max(1, int(1 / stretch + 1e-9)) if stretch > 0 else 1  # k - 1e-15 is still k
