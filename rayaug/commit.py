@@ -53,9 +53,11 @@ def committed_shards(out: Location) -> set[str]:
 def orphans(out: Location, keep: set[str]) -> list[str]:
     """Objects under data/ and errors/ that no manifest vouches for: left by a crash (or a
     partial local write), never counted, removed once the job succeeds."""
-    return [
+    found = [
         path for folder in ("data", "errors") for path, _ in out.list(folder) if path not in keep
     ]
+    # A local manifest write killed mid-way leaves its temp file, which commits nothing.
+    return found + [path for path, _ in out.list("manifests") if ".tmp-" in path]
 
 
 def read_json(out: Location, path: str) -> dict | None:

@@ -231,8 +231,13 @@ class RandomResizedCrop(GeometricOp):
                 x0 = int(rng.integers(0, width - w + 1))
                 y0 = int(rng.integers(0, height - h + 1))
                 return {"box": [x0, y0, w, h], "size": list(self.size)}
-        w, h = width, height  # fall back to the whole image, like torchvision
-        return {"box": [0, 0, w, h], "size": list(self.size)}
+        # Like torchvision: fall back to the largest centred crop within the ratio bounds.
+        w, h = width, height
+        if width / height < self.ratio[0]:
+            h = round(width / self.ratio[0])
+        elif width / height > self.ratio[1]:
+            w = round(height * self.ratio[1])
+        return {"box": [(width - w) // 2, (height - h) // 2, w, h], "size": list(self.size)}
 
     @staticmethod
     def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -108,10 +109,24 @@ class JobSpec(Model):
         return [*self.ops, Resize(size=self.output.size)]
 
     def output_defining(self) -> dict:
-        """Every field that decides the output's bytes: what the fingerprint covers."""
-        return self.model_dump(mode="json", exclude={"name", "execution", "storage", "errors"}) | {
-            "max_pixels": self.errors.max_pixels
-        }
+        """Every field that decides the output's bytes: what the fingerprint covers.
+
+        Not the URIs: the input listing identifies the data, so an input or output that moved
+        (copied to another bucket, say) can still be resumed.
+        """
+        data = self.model_dump(mode="json", exclude={"name", "execution", "storage", "errors"})
+        data["input"].pop("uri")
+        data["output"].pop("uri")
+        return data | {"max_pixels": self.errors.max_pixels}
+
+
+# Pydantic names the member of a union it tried ('int', "literal['auto']"): noise to a user.
+_UNION_MEMBER = re.compile(r"^(int|float|str|bool|none|[a-z]+\[.*\])$")
+
+
+def _is_tag(loc: tuple[str | int, ...], i: int) -> bool:
+    op_tag = i >= 2 and loc[i - 2] == "ops" and isinstance(loc[i - 1], int)
+    return op_tag or bool(_UNION_MEMBER.match(str(loc[i])))
 
 
 def _path_of(loc: tuple[str | int, ...]) -> str:
@@ -120,7 +135,7 @@ def _path_of(loc: tuple[str | int, ...]) -> str:
     for i, part in enumerate(loc):
         if isinstance(part, int):
             path += f"[{part}]"
-        elif i >= 2 and loc[i - 2] == "ops" and isinstance(loc[i - 1], int):
+        elif _is_tag(loc, i):
             continue
         else:
             path += f".{part}" if path else part

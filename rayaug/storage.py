@@ -31,6 +31,7 @@ _PERMANENT = (
     "AccessDenied",
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
+    "SIGNATURE_DOES_NOT_MATCH",  # how pyarrow's AWS SDK spells the codes
     "NoSuchBucket",
     "NO_SUCH_BUCKET",
     "INVALID_ACCESS_KEY",
@@ -110,11 +111,15 @@ class Location:
             return
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         temporary = f"{target}.tmp-{uuid.uuid4().hex}"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
+        try:
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+        except BaseException:  # a failed try must not leave its temp file (retries add more)
+            Path(temporary).unlink(missing_ok=True)
+            raise
 
     def exists(self, relative: str) -> bool:
         def probe() -> bool:
@@ -196,7 +201,8 @@ def check_reachable(location: Location, must_exist: bool) -> None:
 
 def _explain(error: OSError) -> str:
     text = _one_line(error)
-    if any(m in text for m in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ACCESS_DENIED")):
+    credentials = ("InvalidAccessKeyId", "INVALID_ACCESS_KEY", "SignatureDoesNotMatch")
+    if any(m in text for m in (*credentials, "SIGNATURE_DOES_NOT_MATCH", "ACCESS_DENIED")):
         return f"credentials refused ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
     if "NETWORK_CONNECTION" in text or "Couldn't connect" in text or "curlCode" in text:
         return f"endpoint unreachable ({text}); check storage.endpoint / AWS_ENDPOINT_URL"

@@ -1,0 +1,373 @@
+"""Submit a job spec to a Ray cluster through the Ray Jobs API, and follow it to its end.
+
+The job runs `python -m rayaug.cli run <spec>` on the cluster. Its runtime_env carries:
+
+- `working_dir`: a temporary folder holding only the resolved spec (local paths made absolute);
+- `py_modules`: this installed `rayaug` package, so the cluster runs the code the user has;
+- `env_vars`: the non-secret storage settings of `rayaug.job.FORWARDED_ENV` that are set here.
+
+Credentials never travel: not in the runtime_env, the entrypoint, the metadata or any line
+rayaug prints. Storage credentials come from the cluster nodes' own environment.
+
+Token authentication (Ray 2.60): the dashboard of a cluster started while a token exists
+(`~/.ray/auth_token`, or `RAY_AUTH_MODE=token`) refuses requests without it. Ray's job client
+sends the token only when `RAY_AUTH_MODE=token` is set in the submitting process; `ray start`
+and `ray.init()` turn that on by themselves when a token file exists, but an explicit address
+never does. rayaug follows the same rule with one addition that mirrors `ray start`: with
+`RAY_AUTH_MODE` unset, a local token (loaded by Ray's own `AuthenticationTokenLoader`, which
+reads `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`) is sent to a loopback
+address only (a head on this machine, or the tunnel `ray dashboard cluster.yaml` opens).
+`RAY_AUTH_MODE=disabled` never sends it. The token is only ever placed in an HTTP header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import re
+import secrets
+import shlex
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rayaug.errors import RayaugError, UsageError
+from rayaug.spec import JobSpec, dump_spec
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# Variables that make Ray's job client ignore the address it is given.
+_ADDRESS_OVERRIDES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+# Defence in depth: even if FORWARDED_ENV grows, names like these never leave this machine.
+_SECRET_MARKERS = ("SECRET", "TOKEN", "PASSWORD", "ACCESS_KEY", "CREDENTIAL", "SESSION")
+_CONNECT_TIMEOUT_S = 10.0
+_POLL_S = 1.0
+# How long wait_for keeps retrying when the dashboard stops answering mid-job.
+_LOST_CONTACT_S = 60.0
+_RAY_LOGGERS = (
+    "ray.dashboard.modules.dashboard_sdk",
+    "ray.dashboard.modules.job.sdk",
+    "ray._private.runtime_env.packaging",
+)
+
+
+def submit_job(spec: JobSpec, spec_file: Path, address: str) -> str:
+    """Submit `spec` to the Ray cluster whose dashboard is at `address`; returns the job id.
+
+    Raises UsageError (one line) when the address is malformed or unreachable, the cluster
+    refuses the token, or the cluster refuses the submission.
+    """
+    url = _dashboard_url(address)
+    resolved = _absolute_local_uris(spec)
+    client = _client(url)
+    spec_name = _spec_file_name(spec_file)
+    with tempfile.TemporaryDirectory(prefix="rayaug-submit-") as working_dir:
+        (Path(working_dir) / spec_name).write_text(dump_spec(resolved))
+        runtime_env: dict = {
+            "working_dir": working_dir,
+            "py_modules": [str(_package_dir())],
+            "excludes": ["__pycache__"],
+        }
+        env_vars = forwarded_env()
+        if env_vars:
+            runtime_env["env_vars"] = env_vars
+        try:
+            with _quiet_ray():
+                return client.submit_job(
+                    entrypoint=f"python -m rayaug.cli run {shlex.quote(spec_name)}",
+                    submission_id=_submission_id(resolved.name),
+                    runtime_env=runtime_env,
+                    metadata={"rayaug_job": resolved.name, "spec_file": spec_file.name},
+                )
+        except Exception as error:  # the request reached the cluster, which said no
+            raise _usage_error(url, error, "the cluster refused the job") from None
+
+
+def wait_for(address: str, job_id: str, emit: Callable[[str], None]) -> str:
+    """Stream the job's logs through `emit` until it ends; returns SUCCEEDED, FAILED or STOPPED.
+
+    Logs are followed over the dashboard's websocket (`tail_job_logs`); if that stream breaks,
+    polling `get_job_logs` resumes from the last character already emitted, so nothing is shown
+    twice and nothing is lost.
+    """
+    url = _dashboard_url(address)
+    client = _client(url)
+    shown = _Counted(emit)
+    try:
+        _tail(client, job_id, shown)
+    except KeyboardInterrupt:
+        raise _detached(url, job_id) from None
+    except Exception:  # a broken stream: carry on by polling from what was already shown
+        logging.getLogger(__name__).info("log stream of %s broke; polling", job_id)
+    try:
+        return _poll(client, job_id, shown)
+    except KeyboardInterrupt:
+        raise _detached(url, job_id) from None
+
+
+def forwarded_env() -> dict[str, str]:
+    """The non-secret storage settings (of FORWARDED_ENV) that are set in this environment."""
+    from rayaug.job import FORWARDED_ENV
+
+    return {
+        name: os.environ[name]
+        for name in FORWARDED_ENV
+        if name in os.environ and not any(marker in name.upper() for marker in _SECRET_MARKERS)
+    }
+
+
+# ---------------------------------------------------------------- the spec as it travels
+
+
+def _absolute_local_uris(spec: JobSpec) -> JobSpec:
+    """Local input/output paths made absolute: on the cluster the job's cwd is its working_dir."""
+    updates = {}
+    for field in ("input", "output"):
+        section = getattr(spec, field)
+        uri = _absolute_uri(section.uri)
+        if uri != section.uri:
+            updates[field] = section.model_copy(update={"uri": uri})
+    return spec.model_copy(update=updates) if updates else spec
+
+
+def _absolute_uri(uri: str) -> str:
+    parsed = urlsplit(uri)
+    if parsed.scheme == "":
+        return str(Path(uri).expanduser().resolve())
+    if parsed.scheme == "file" and not parsed.netloc and not Path(parsed.path).is_absolute():
+        return f"file://{Path(parsed.path).expanduser().resolve()}"
+    return uri
+
+
+def _spec_file_name(spec_file: Path) -> str:
+    name = spec_file.name
+    return name if re.fullmatch(r"[\w.-]+\.ya?ml", name) else "job.yaml"
+
+
+def _submission_id(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "job"
+    return f"rayaug-{slug}-{secrets.token_hex(4)}"
+
+
+def _package_dir() -> Path:
+    import rayaug
+
+    return Path(rayaug.__file__).resolve().parent
+
+
+# ---------------------------------------------------------------- talking to the dashboard
+
+
+def _dashboard_url(address: str) -> str:
+    """http(s)://host:port of a Ray dashboard; a bare host:port means http."""
+    text = address.strip()
+    if not text:
+        raise UsageError("--address is empty: give the Ray dashboard, e.g. http://HEAD:8265")
+    if "://" not in text:
+        text = f"http://{text}"
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as error:
+        raise UsageError(f"malformed --address {address!r}: {error}") from None
+    if parts.scheme not in ("http", "https"):
+        raise UsageError(
+            f"--address {address!r}: use the Ray dashboard's http://HOST:8265 "
+            f"(not {parts.scheme}://)"
+        )
+    if not parts.hostname:
+        raise UsageError(f"malformed --address {address!r}: no host")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise UsageError(f"--address {address!r}: give only http://HOST:PORT, no path")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = 443 if parts.scheme == "https" else 8265
+    return f"{parts.scheme}://{host}:{port or default}"
+
+
+def _reachable(url: str) -> None:
+    """Fail fast and in one line when nothing answers (Ray's client would wait forever)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=_CONNECT_TIMEOUT_S):
+            pass
+    except socket.gaierror:
+        raise UsageError(f"cannot resolve the host of {url}") from None
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise UsageError(
+            f"nothing answers at {url} ({reason}): is the cluster up? For a cluster started "
+            "with `ray up cluster.yaml`, run `ray dashboard cluster.yaml` and use "
+            "http://127.0.0.1:8265"
+        ) from None
+
+
+def _client(url: str):
+    """A JobSubmissionClient for exactly `url`, authenticated the way Ray would be."""
+    _reachable(url)
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        headers = _auth_headers(url)
+        with _quiet_ray(), _without_address_overrides():
+            return JobSubmissionClient(url, headers=headers)
+    except Exception as error:
+        if isinstance(error, ConnectionError | OSError):  # it accepts TCP, but speaks no HTTP
+            error = RuntimeError(f"no HTTP answer ({_one_line(error)})")
+        raise _usage_error(
+            url, error, f"{url} does not answer as a Ray dashboard (its port is 8265 by default)"
+        ) from None
+
+
+def _auth_headers(url: str) -> dict[str, str] | None:
+    """Headers carrying the local Ray token, or None to let Ray decide (see module doc)."""
+    if os.environ.get("RAY_AUTH_MODE"):  # "token": Ray's client adds it; "disabled": never
+        return None
+    if not _is_loopback(urlsplit(url).hostname or ""):
+        return None
+    from ray._raylet import AuthenticationTokenLoader
+
+    loader = AuthenticationTokenLoader.instance()
+    if not loader.has_token(ignore_auth_mode=True):
+        return None
+    return dict(loader.get_token_for_http_header(ignore_auth_mode=True)) or None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _usage_error(url: str, error: Exception, fallback: str) -> UsageError:
+    """One line a user can act on; never the request headers (they may hold the token)."""
+    from ray.exceptions import AuthenticationError
+
+    if isinstance(error, UsageError):
+        return error
+    if isinstance(error, AuthenticationError):
+        text = str(error)
+        if "Authentication required" in text:
+            return UsageError(
+                f"the Ray cluster at {url} requires token authentication: set RAY_AUTH_MODE=token "
+                "and provide its token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+            )
+        return UsageError(
+            f"the Ray cluster at {url} refused the authentication token: use that cluster's "
+            "token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+        )
+    if isinstance(error, ConnectionError | OSError):
+        return UsageError(f"lost the connection to {url}: {_one_line(error)}")
+    return UsageError(f"{fallback}: {_one_line(error)}")
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@contextmanager
+def _without_address_overrides() -> Iterator[None]:
+    """Ray's client prefers RAY_API_SERVER_ADDRESS / RAY_ADDRESS to its argument: hide them."""
+    saved = {name: os.environ.pop(name) for name in _ADDRESS_OVERRIDES if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@contextmanager
+def _quiet_ray() -> Iterator[None]:
+    """Ray's job client logs every upload at INFO; keep that for `rayaug -v` only."""
+    if logging.getLogger().getEffectiveLevel() <= logging.INFO:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _RAY_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
+# ---------------------------------------------------------------- following a job
+
+
+class _Counted:
+    """`emit`, counting the characters of the job's log shown so far."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+        self.chars = 0
+
+    def __call__(self, text: str) -> None:
+        self.emit(text)
+        self.chars += len(text)
+
+
+def _tail(client, job_id: str, emit: _Counted) -> None:
+    """Follow the websocket log stream to its end (the server closes it when the job ends)."""
+
+    async def follow() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            emit(chunk)
+
+    with _quiet_ray():
+        asyncio.run(follow())
+
+
+def _poll(client, job_id: str, emit: _Counted) -> str:
+    """Poll status and logs until the job ends, emitting only what was not shown yet."""
+    last_contact = time.monotonic()
+    while True:
+        try:
+            status = _status_name(client.get_job_status(job_id))
+            logs = client.get_job_logs(job_id)
+        except Exception as error:
+            if _is_refusal(error):
+                raise _usage_error(client.get_address(), error, f"cannot follow {job_id}") from None
+            if time.monotonic() - last_contact > _LOST_CONTACT_S:
+                raise RayaugError(
+                    f"lost contact with the cluster while following {job_id} "
+                    f"({_one_line(error)}); it may still be running"
+                ) from None
+            time.sleep(_POLL_S)
+            continue
+        last_contact = time.monotonic()
+        if len(logs) > emit.chars:
+            emit(logs[emit.chars :])
+        if status in TERMINAL:
+            return status
+        time.sleep(_POLL_S)
+
+
+def _is_refusal(error: Exception) -> bool:
+    """An answer that retrying cannot change: no such job, or the token refused."""
+    from ray.exceptions import AuthenticationError
+
+    text = str(error)
+    return isinstance(error, AuthenticationError) or (
+        isinstance(error, RuntimeError) and "status code 404" in text
+    )
+
+
+def _status_name(status) -> str:
+    return str(getattr(status, "value", status))
+
+
+def _detached(url: str, job_id: str) -> RayaugError:
+    return RayaugError(
+        f"stopped following {job_id}; it keeps running on the cluster. Follow it with "
+        f"`ray job logs --address {url} -f {job_id}`, stop it with "
+        f"`ray job stop --address {url} {job_id}`"
+    )

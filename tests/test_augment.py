@@ -1,0 +1,401 @@
+"""rayaug.augment: the determinism promise (same bytes whatever the batch size or order),
+exact replay, per-sample quarantine, mixed inputs, views and manifests' recorded ops."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rayaug.augment import Augmenter
+from rayaug.ops import CATALOGUE, draw_ops, from_records
+from rayaug.records import ShardOutput, SourceSample, sample_seed
+from rayaug.spec import JobSpec, parse_spec
+
+# Every op of the catalogue at p=0.5, after a random resized crop (the usual training setup).
+ALL_OPS = [
+    {"name": "random_resized_crop", "size": [72, 88], "scale": [0.3, 1.0]},
+    {"name": "resize", "size": 80, "p": 0.5},
+    {"name": "center_crop", "size": [70, 76], "p": 0.5},
+    {"name": "random_crop", "size": [64, 72], "p": 0.5},
+    {"name": "horizontal_flip", "p": 0.5},
+    {"name": "vertical_flip", "p": 0.5},
+    {"name": "rotation", "degrees": 20, "p": 0.5},
+    {
+        "name": "affine",
+        "degrees": 10,
+        "translate": [0.1, 0.1],
+        "scale": [0.8, 1.2],
+        "shear": 5,
+        "p": 0.5,
+    },
+    {"name": "perspective", "distortion_scale": 0.3, "p": 0.5},
+    {
+        "name": "color_jitter",
+        "brightness": 0.4,
+        "contrast": 0.4,
+        "saturation": 0.4,
+        "hue": 0.1,
+        "p": 0.5,
+    },
+    {
+        "name": "color_jitter",
+        "brightness": 0.3,
+        "contrast": 0.3,
+        "saturation": 0.3,
+        "hue": 0.05,
+        "fused": True,
+        "p": 0.5,
+    },
+    {"name": "grayscale", "p": 0.5},
+    {"name": "gaussian_blur", "kernel_size": 5, "sigma": [0.1, 2.0], "p": 0.5},
+    {"name": "gaussian_noise", "std": [0.01, 0.05], "p": 0.5},
+    {"name": "salt_and_pepper", "amount": [0.01, 0.05], "p": 0.5},
+    {"name": "erasing", "p": 0.5},
+    {"name": "sharpness", "p": 0.5},
+    {"name": "posterize", "bits": [3, 7], "p": 0.5},
+    {"name": "solarize", "threshold": [0.4, 0.9], "p": 0.5},
+    {"name": "equalize", "p": 0.5},
+]
+
+
+def _spec(ops: list[dict] | None = None, **changes) -> JobSpec:
+    data = {
+        "input": {"uri": "in"},
+        "output": {"uri": "out", "image_format": "png"},  # lossless: bytes show every pixel
+        "views": 2,
+        "seed": 2026,
+        "ops": copy.deepcopy(ALL_OPS if ops is None else ops),
+        "execution": {"batch_size": 32},
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = data[key] | value
+        else:
+            data[key] = value
+    return parse_spec(data)
+
+
+def _sources(photos) -> list[SourceSample]:
+    return [SourceSample(p.key, f"mem://{p.key}", p.jpeg, p.label) for p in photos]
+
+
+def _hashes(output: ShardOutput) -> dict[str, str]:
+    return {s.sample_id: s.sha256 for s in output.samples}
+
+
+def _encode(image: Image.Image, fmt: str = "PNG", **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def reference(photos, device: str) -> ShardOutput:
+    """Every op of the catalogue over all the photos, two views, batch size 32."""
+    return Augmenter(_spec(), device).augment(_sources(photos))
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_the_reference_run_exercises_every_op(reference: ShardOutput, photos) -> None:
+    assert reference.quarantined == []
+    assert reference.sources == len(photos)
+    assert len(reference.samples) == 2 * len(photos)
+    applied = {record["op"] for sample in reference.samples for record in sample.ops}
+    assert applied == set(CATALOGUE)
+    jitters = [r["params"] for s in reference.samples for r in s.ops if r["op"] == "color_jitter"]
+    assert {p.get("fused", False) for p in jitters} == {False, True}  # both colour paths
+    # p=0.5 really is per sample: the samples differ in the ops they got
+    assert len({tuple(r["op"] for r in s.ops) for s in reference.samples}) > len(photos)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 32])
+def test_same_bytes_whatever_the_batch_size(
+    reference: ShardOutput, photos, device: str, batch_size: int
+) -> None:
+    spec = _spec(execution={"batch_size": batch_size})
+    output = Augmenter(spec, device).augment(_sources(photos))
+    assert output.quarantined == []
+    assert _hashes(output) == _hashes(reference)
+    assert [s.ops for s in output.samples] == [s.ops for s in reference.samples]
+
+
+def test_same_bytes_whatever_the_order_of_the_sources(
+    reference: ShardOutput, photos, device: str
+) -> None:
+    shuffled = _sources(photos)
+    np.random.default_rng(5).shuffle(shuffled)
+    shuffled = shuffled[::2] + shuffled[1::2]
+    output = Augmenter(_spec(execution={"batch_size": 7}), device).augment(shuffled)
+    assert [s.source_key for s in output.samples][::2] == [s.key for s in shuffled]
+    assert _hashes(output) == _hashes(reference)
+
+
+def test_every_sample_replays_to_identical_bytes(
+    reference: ShardOutput, photos, device: str
+) -> None:
+    by_key = {source.key: source for source in _sources(photos)}
+    augmenter = Augmenter(_spec(), device)
+    for sample in reference.samples:
+        records = json.loads(json.dumps(sample.ops))  # as read back from a manifest
+        replayed = augmenter.replay(
+            by_key[sample.source_key], sample.view, sample.seed, from_records(records)
+        )
+        assert replayed == sample.image, sample.sample_id
+
+
+def test_a_different_job_seed_gives_different_samples(
+    reference: ShardOutput, photos, device: str
+) -> None:
+    output = Augmenter(_spec(seed=2027), device).augment(_sources(photos[:6]))
+    before = _hashes(reference)
+    assert all(before[i] != h for i, h in _hashes(output).items())
+
+
+# ---------------------------------------------------------------- views and records
+
+
+def test_views_give_one_sample_each_with_its_own_seed(photos, device: str) -> None:
+    spec = _spec(views=3)
+    output = Augmenter(spec, device).augment(_sources(photos[:5]))
+    assert len(output.samples) == 15 and output.sources == 5
+    for source in photos[:5]:
+        samples = [s for s in output.samples if s.source_key == source.key]
+        assert [s.view for s in samples] == [0, 1, 2]
+        assert [s.sample_id for s in samples] == [f"{source.key}#{v}" for v in range(3)]
+        assert [s.seed for s in samples] == [sample_seed(2026, source.key, v) for v in range(3)]
+        assert len({s.seed for s in samples}) == 3
+        assert len({s.sha256 for s in samples}) == 3  # three different augmentations
+        assert all(s.label == source.label for s in samples)
+    assert len({s.seed for s in output.samples}) == 15
+
+
+def test_recorded_ops_are_the_applied_ones_with_their_params(photos, device: str) -> None:
+    ops = [
+        {"name": "random_resized_crop", "size": 64},
+        {"name": "horizontal_flip", "p": 0.5},
+        {"name": "rotation", "degrees": 15, "p": 0.0},  # never applied: never recorded
+        {"name": "color_jitter", "brightness": 0.3, "hue": 0.05, "p": 0.5},
+        {"name": "gaussian_blur", "kernel_size": 3, "p": 1.0},
+    ]
+    spec = _spec(ops, output={"size": [48, 40]})
+    pipeline = [op.name for op in spec.pipeline()]
+    output = Augmenter(spec, device).augment(_sources(photos[:12]))
+    seen = set()
+    for sample in output.samples:
+        names = [record["op"] for record in sample.ops]
+        assert "rotation" not in names
+        assert names[0] == "random_resized_crop" and names[-2:] == ["gaussian_blur", "resize"]
+        assert names == [n for n in pipeline if n in names]  # pipeline order
+        for record in sample.ops:
+            assert set(record) == {"op", "params"} and isinstance(record["params"], dict)
+            assert json.loads(json.dumps(record["params"])) == record["params"]
+        # exactly what the seed draws for this source: nothing left out, nothing added
+        planned = draw_ops(spec.pipeline(), sample.seed, sample.source_size)
+        assert sample.ops == [step.record() for step in planned]
+        assert (sample.height, sample.width) == (48, 40)
+        assert _pixels(sample.image).shape == (48, 40, 3)
+        seen |= set(names)
+    assert {"horizontal_flip", "color_jitter"} <= seen  # p=0.5 ops do get applied
+
+
+# ---------------------------------------------------------------- quarantine
+
+
+def _truncated_jpeg(photo) -> bytes:
+    return photo.jpeg[: len(photo.jpeg) // 2]
+
+
+def test_decode_failures_are_quarantined_and_the_job_goes_on(
+    reference: ShardOutput, photos, device: str
+) -> None:
+    good = _sources(photos[:6])
+    bad = [
+        SourceSample("bad/empty.jpg", "mem://e", b""),
+        SourceSample("bad/readme.jpg", "mem://t", b"not an image, just text\n"),
+        SourceSample("bad/truncated.jpg", "mem://c", _truncated_jpeg(photos[7])),
+        SourceSample("bad/none.jpg", "mem://n", None),
+    ]
+    mixed = [good[0], bad[0], good[1], bad[1], good[2], bad[2], *good[3:], bad[3]]
+    output = Augmenter(_spec(execution={"batch_size": 5}), device).augment(mixed)
+    assert output.sources == len(mixed)
+    # the good samples are all there, with the very bytes they have without bad batch-mates
+    expected = {
+        k: v for k, v in _hashes(reference).items() if k.split("#")[0] in {s.key for s in good}
+    }
+    assert _hashes(output) == expected
+    quarantined = {(q.source_key, q.view): q for q in output.quarantined}
+    assert set(quarantined) == {(s.key, v) for s in bad for v in (0, 1)}
+    for row in output.quarantined:
+        assert row.stage == "decode" and row.error_class == "DecodeError"
+        assert row.sample_id == f"{row.source_key}#{row.view}"
+    assert quarantined["bad/empty.jpg", 0].message == "empty input (0 bytes)"
+    assert quarantined["bad/none.jpg", 0].message == "empty input (0 bytes)"
+    assert quarantined["bad/readme.jpg", 0].message.startswith("not a readable image")
+    assert quarantined["bad/truncated.jpg", 0].message.startswith("cannot decode")
+
+
+def test_an_oversized_image_is_quarantined_by_max_pixels(photos, device: str) -> None:
+    spec = _spec(errors={"max_pixels": 5_000})
+    small = SourceSample("small.png", "mem://s", _encode(Image.new("RGB", (50, 40), "red")))
+    output = Augmenter(spec, device).augment([small, *_sources(photos[:2])])
+    assert len(output.samples) == 2
+    assert {q.source_key for q in output.quarantined} == {p.key for p in photos[:2]}
+    assert all("exceeds max_pixels=5000" in q.message for q in output.quarantined)
+
+
+def test_a_read_error_is_quarantined_at_stage_read(photos, device: str) -> None:
+    failed = SourceSample("lost.jpg", "s3://b/lost.jpg", None, error="NoSuchKey: gone")
+    output = Augmenter(_spec(), device).augment([failed, *_sources(photos[:2])])
+    assert len(output.samples) == 4 and output.sources == 3
+    assert [
+        (q.source_key, q.view, q.stage, q.error_class, q.message) for q in output.quarantined
+    ] == [
+        ("lost.jpg", 0, "read", "ReadError", "NoSuchKey: gone"),
+        ("lost.jpg", 1, "read", "ReadError", "NoSuchKey: gone"),
+    ]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 32])
+def test_an_op_failing_for_one_sample_quarantines_only_that_sample(
+    photos, device: str, batch_size: int
+) -> None:
+    # Kornia's sharpness needs a 3x3 neighbourhood: a 1x1 or 2x2 image cannot go through it.
+    ops = [{"name": "color_jitter", "brightness": 0.3, "p": 1.0}, {"name": "sharpness", "p": 1.0}]
+    spec = _spec(ops, views=1, execution={"batch_size": batch_size})
+    tiny = [
+        SourceSample(f"tiny/{n}x{n}.png", "mem://", _encode(Image.new("RGB", (n, n), (200, 9, 9))))
+        for n in (1, 2, 3)
+    ]
+    good = _sources(photos[:5])
+    sources = [good[0], tiny[0], good[1], good[2], tiny[1], tiny[2], *good[3:]]
+    output = Augmenter(spec, device).augment(sources)
+    assert output.sources == 8
+    assert [(q.source_key, q.stage) for q in output.quarantined] == [
+        ("tiny/1x1.png", "augment"),
+        ("tiny/2x2.png", "augment"),
+    ]
+    assert all(q.error_class == "RuntimeError" and q.message for q in output.quarantined)
+    kept = {s.source_key for s in output.samples}
+    assert kept == {s.key for s in good} | {"tiny/3x3.png"}  # 3x3 is enough
+    # the batch-mates are not disturbed: same bytes as a run without the tiny images
+    alone = Augmenter(spec, device).augment(good)
+    assert _hashes(alone).items() <= _hashes(output).items()
+
+
+def test_perspective_on_a_one_pixel_high_image_is_quarantined_not_raised(device: str) -> None:
+    line = SourceSample("line.png", "mem://", _encode(Image.new("RGB", (9, 1), "white")))
+    square = SourceSample("square.png", "mem://", _encode(Image.new("RGB", (9, 9), "white")))
+    output = Augmenter(_spec([{"name": "perspective", "p": 1.0}], views=1), device).augment(
+        [line, square]
+    )
+    assert [s.source_key for s in output.samples] == ["square.png"]
+    assert [q.source_key for q in output.quarantined] == ["line.png"]
+
+
+# ---------------------------------------------------------------- mixed inputs and geometry
+
+
+def _mixed_sources(photos) -> list[SourceSample]:
+    rgb = np.asarray(Image.open(io.BytesIO(photos[0].jpeg)).convert("RGB"))
+    base = Image.fromarray(rgb[:90, :120])
+    rgba = np.concatenate([rgb[:50, :70], np.full((50, 70, 1), 128, np.uint8)], axis=2)
+    wide = (np.asarray(base.convert("L")).astype(np.uint16) * 257)[:60, :80]
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    images = {
+        "rgb.jpg": _encode(base, "JPEG", quality=90),
+        "gray.png": _encode(base.convert("L")),
+        "rgba.png": _encode(Image.fromarray(rgba, "RGBA")),
+        "palette.png": _encode(base.convert("P")),
+        "cmyk.jpg": _encode(base.convert("CMYK"), "JPEG"),
+        "deep.png": _encode(Image.fromarray(wide)),
+        "bits.png": _encode(base.convert("1")),
+        "rotated.jpg": _encode(base, "JPEG", exif=exif),
+        "anim.gif": _encode(
+            base.convert("P"), "GIF", save_all=True, append_images=[base.convert("P").rotate(90)]
+        ),
+        "tall.webp": _encode(base.resize((33, 101)), "WEBP"),
+    }
+    sources = [SourceSample(k, f"mem://{k}", v, "mixed") for k, v in images.items()]
+    return sources + _sources(photos[:3])
+
+
+def test_mixed_sizes_and_modes_in_one_batch(photos, device: str) -> None:
+    ops = [
+        {"name": "horizontal_flip", "p": 0.5},
+        {"name": "rotation", "degrees": 10, "p": 0.7},
+        {"name": "color_jitter", "brightness": 0.3, "saturation": 0.3, "p": 0.7},
+        {"name": "gaussian_blur", "kernel_size": 3, "p": 0.5},
+        {"name": "erasing", "p": 0.5},
+        {"name": "gaussian_noise", "p": 0.5},
+    ]
+    sources = _mixed_sources(photos)
+    batched = Augmenter(_spec(ops, execution={"batch_size": 64}), device).augment(sources)
+    assert batched.quarantined == []
+    assert len(batched.samples) == 2 * len(sources)
+    for sample in batched.samples:
+        pixels = _pixels(sample.image)
+        assert pixels.shape == (sample.height, sample.width, 3)
+        # no size-changing op: each output has the (EXIF-oriented) size of its source
+        assert (sample.height, sample.width) == sample.source_size
+    sizes = {s.source_key: s.source_size for s in batched.samples}
+    assert sizes["rotated.jpg"] == (120, 90) and sizes["tall.webp"] == (101, 33)
+    assert len(set(sizes.values())) >= 6
+    one_by_one = Augmenter(_spec(ops, execution={"batch_size": 1}), device).augment(sources)
+    assert _hashes(one_by_one) == _hashes(batched)
+
+
+def test_horizontal_flip_mirrors_the_pixels(photos, device: str) -> None:
+    source = _sources(photos[:1])[0]
+    spec = _spec([{"name": "horizontal_flip", "p": 1.0}], views=1)
+    sample = Augmenter(spec, device).augment([source]).samples[0]
+    original = np.asarray(Image.open(io.BytesIO(source.data)).convert("RGB")).astype(int)
+    assert np.abs(_pixels(sample.image) - original[:, ::-1]).max() <= 1
+
+
+def test_a_reduced_decode_gives_the_same_picture(device: str) -> None:
+    # 1600x1200 down to 400x300: decoded at 1/4 (JPEG DCT scaling), then warped to the size.
+    y, x = np.mgrid[0:1200, 0:1600]
+    picture = np.stack([x * 255 // 1599, y * 255 // 1199, (x // 100 + y // 100) % 2 * 255], -1)
+    picture = picture.astype(np.uint8)
+    source = SourceSample(
+        "big.jpg", "mem://", _encode(Image.fromarray(picture), "JPEG", quality=95)
+    )
+    spec = _spec([{"name": "resize", "size": [300, 400]}], views=1)
+    sample = Augmenter(spec, device).augment([source]).samples[0]
+    assert (sample.height, sample.width) == (300, 400)
+    expected = np.asarray(Image.fromarray(picture).resize((400, 300), Image.Resampling.BOX))
+    difference = np.abs(_pixels(sample.image).astype(int) - expected)
+    assert difference.mean() < 1.5  # aligned: a half-pixel shift would show at every square edge
+
+
+def test_output_size_and_format(photos, device: str) -> None:
+    for image_format, pil_format in (("jpeg", "JPEG"), ("webp", "WEBP"), ("png", "PNG")):
+        spec = _spec(
+            [{"name": "random_resized_crop", "size": 50}],
+            views=1,
+            output={"image_format": image_format, "quality": 80, "size": [40, 30]},
+        )
+        output = Augmenter(spec, device).augment(_sources(photos[:3]))
+        for sample in output.samples:
+            opened = Image.open(io.BytesIO(sample.image))
+            assert opened.format == pil_format and opened.size == (30, 40)
+            assert (sample.height, sample.width) == (40, 30)
+
+
+def test_the_source_data_is_never_modified(photos, device: str) -> None:
+    sources = _sources(photos[:4])
+    before = [s.data for s in sources]
+    Augmenter(_spec(), device).augment(sources)
+    assert [s.data for s in sources] == before

@@ -1,0 +1,242 @@
+"""rayaug.sinks: output shards in both formats, quarantine files, manifests, in commit order.
+
+Everything is checked by reading the objects back with the readers a user would use
+(pyarrow, the `webdataset` package), locally and on the session's S3 server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+from conftest import BUCKET
+from PIL import Image
+
+from rayaug import commit
+from rayaug.records import AugmentedSample, Quarantined, ShardOutput, sample_seed
+from rayaug.sampledata import SamplePhoto
+from rayaug.sinks import WriteContext, data_path, write_shard
+from rayaug.spec import OutputSpec, StorageSpec
+from rayaug.storage import Location, open_location
+
+VERSIONS = {"rayaug": "0.1.0-test", "kornia": "0.9.0"}
+DESIGN_COLUMNS = [
+    "sample_id", "source_uri", "source_key", "view", "label", "seed", "ops", "shard",
+    "index", "width", "height", "format", "sha256", "device", "rayaug_version",
+    "kornia_version",
+]
+SHARD = "part-00003"
+
+
+def _augmented(photos: list[SamplePhoto], views: int = 2) -> list[AugmentedSample]:
+    samples = []
+    for photo in photos:
+        width, height = Image.open(io.BytesIO(photo.jpeg)).size
+        for view in range(views):
+            samples.append(AugmentedSample(
+                source_key=photo.key,
+                source_uri=f"s3://in/{photo.key}",
+                view=view,
+                seed=sample_seed(7, photo.key, view),
+                label=None if photo.label == "coffee" else photo.label,
+                ops=[{"name": "hflip", "applied": view == 1, "params": {}},
+                     {"name": "rotation", "applied": True, "params": {"degrees": 12.5 * view}}],
+                source_size=(height, width),
+                image=photo.jpeg,  # real JPEG bytes stand in for the augmented ones
+                height=height,
+                width=width,
+            ))
+    return samples
+
+
+def _result(photos: list[SamplePhoto]) -> ShardOutput:
+    return ShardOutput(
+        device="cuda:0",
+        sources=len(photos) + 1,
+        samples=_augmented(photos),
+        quarantined=[
+            Quarantined("broken/1.jpg", 0, "decode", "DecodeError", "cannot identify image"),
+            Quarantined("broken/1.jpg", 1, "decode", "DecodeError", "cannot identify image"),
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class RecordingLocation(Location):
+    """A real location that also records the order of its writes."""
+
+    writes: list[str] = field(default_factory=list, compare=False)
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        super().write_bytes(relative, data)
+        self.writes.append(relative)
+
+
+def _recording(location: Location) -> RecordingLocation:
+    return RecordingLocation(location.uri, location.fs, location.root, location.attempts)
+
+
+@pytest.fixture(params=["local", "s3"])
+def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
+    if request.param == "local":
+        return _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=1)))
+    request.getfixturevalue("s3")
+    uri = f"s3://{BUCKET}/test-sinks-{uuid.uuid4().hex}"
+    return _recording(open_location(uri, StorageSpec(retries=1)))
+
+
+def _read_table(location: Location, relative: str):
+    return pq.read_table(io.BytesIO(location.read_bytes(relative)))
+
+
+def _check_manifest(out: Location, result: ShardOutput, images: list[bytes], fmt: str) -> None:
+    manifest = _read_table(out, commit.manifest_path(SHARD))
+    assert set(DESIGN_COLUMNS) <= set(manifest.column_names)
+    rows = manifest.to_pylist()
+    assert len(rows) == len(result.samples) == len(images)
+    for index, (row, sample, image) in enumerate(zip(rows, result.samples, images, strict=True)):
+        assert row["sample_id"] == f"{sample.source_key}#{sample.view}"
+        assert row["source_uri"] == sample.source_uri
+        assert row["source_key"] == sample.source_key
+        assert row["view"] == sample.view
+        assert row["label"] == sample.label
+        assert row["seed"] == sample.seed == sample_seed(7, sample.source_key, sample.view)
+        assert json.loads(row["ops"]) == sample.ops
+        assert (row["shard"], row["index"]) == (SHARD, index)
+        assert (row["width"], row["height"]) == (sample.width, sample.height)
+        assert row["format"] == fmt
+        assert row["sha256"] == hashlib.sha256(image).hexdigest()  # of the bytes in data/
+        assert row["device"] == "cuda:0"
+        assert (row["rayaug_version"], row["kornia_version"]) == ("0.1.0-test", "0.9.0")
+
+
+def _check_errors(out: Location, result: ShardOutput) -> None:
+    errors = _read_table(out, commit.errors_path(SHARD)).to_pylist()
+    assert errors == [
+        {"sample_id": f"{q.source_key}#{q.view}", "source_key": q.source_key, "view": q.view,
+         "shard": SHARD, "stage": q.stage, "error_class": q.error_class, "message": q.message}
+        for q in result.quarantined
+    ]
+
+
+def test_parquet_shard(out: RecordingLocation, photos: list[SamplePhoto]) -> None:
+    output = OutputSpec(uri=out.uri, format="parquet")
+    result = _result(photos[:5])
+    committed = write_shard(out, SHARD, result, WriteContext(output, 2, VERSIONS))
+
+    assert out.writes == [
+        f"data/{SHARD}.parquet", f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+    assert (committed.shard, committed.samples, committed.quarantined) == (SHARD, 10, 2)
+    assert committed.reasons == {"decode: DecodeError": 2}
+    assert commit.committed_shards(out) == {SHARD}
+
+    data = _read_table(out, data_path(output, SHARD))
+    assert {"sample_id", "image", "label"} <= set(data.column_names)
+    rows = data.to_pylist()
+    assert [r["sample_id"] for r in rows] == [s.sample_id for s in result.samples]
+    assert [r["image"] for r in rows] == [s.image for s in result.samples]
+    assert [r["label"] for r in rows] == [s.label for s in result.samples]
+    for row in rows:
+        assert Image.open(io.BytesIO(row["image"])).size == (row["width"], row["height"])
+    _check_manifest(out, result, [r["image"] for r in rows], "jpeg")
+    _check_errors(out, result)
+
+
+def test_webdataset_shard(
+    out: RecordingLocation, photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    output = OutputSpec(uri=out.uri, format="webdataset", image_format="jpeg")
+    result = _result(photos[:5])
+    write_shard(out, SHARD, result, WriteContext(output, 2, VERSIONS))
+    assert out.writes == [
+        f"data/{SHARD}.tar", f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+
+    local_copy = tmp_path / "copy" / f"{SHARD}.tar"  # webdataset reads it like any shard
+    local_copy.parent.mkdir()
+    local_copy.write_bytes(out.read_bytes(data_path(output, SHARD)))
+    raw = list(wds.WebDataset(str(local_copy), shardshuffle=False))
+    decoded = list(wds.WebDataset(str(local_copy), shardshuffle=False).decode("pil"))
+    assert len(decoded) == len(result.samples)
+    for index, (sample, item, plain) in enumerate(
+        zip(result.samples, decoded, raw, strict=True)
+    ):
+        assert item["__key__"] == f"{SHARD}-{index:06d}"
+        assert plain["jpg"] == sample.image
+        assert item["jpg"].size == (sample.width, sample.height)
+        assert item["json"] == {"sample_id": sample.sample_id, "source_key": sample.source_key,
+                                "view": sample.view, "label": sample.label}
+        if sample.label is None:
+            assert "txt" not in item
+        else:
+            assert item["txt"] == sample.label
+    assert any(s.label is None for s in result.samples)
+    _check_manifest(out, result, [item["jpg"] for item in raw], "jpeg")
+    _check_errors(out, result)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_same_output_twice_gives_the_same_bytes(
+    fmt: str, photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    result = _result(photos[:4])
+    objects = []
+    for attempt in ("first", "retry"):
+        location = open_location(str(tmp_path / attempt), StorageSpec(retries=0))
+        context = WriteContext(OutputSpec(uri=location.uri, format=fmt), 2, VERSIONS)
+        write_shard(location, SHARD, result, context)
+        objects.append({p: location.read_bytes(p) for p, _ in location.list(recursive=True)})
+    assert objects[0] == objects[1]
+    assert len(objects[0]) == 3
+    # and a retry over the first attempt's objects leaves the same bytes in place
+    location = open_location(str(tmp_path / "first"), StorageSpec(retries=0))
+    write_shard(location, SHARD, result,
+                WriteContext(OutputSpec(uri=location.uri, format=fmt), 2, VERSIONS))
+    assert {p: location.read_bytes(p) for p, _ in location.list(recursive=True)} == objects[0]
+
+
+def test_no_errors_file_without_quarantine(photos: list[SamplePhoto], tmp_path: Path) -> None:
+    out = _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=0)))
+    result = ShardOutput(device="cpu", sources=2, samples=_augmented(photos[:2], views=1))
+    context = WriteContext(OutputSpec(uri=out.uri, format="webdataset"), 1, VERSIONS)
+    committed = write_shard(out, "part-00000", result, context)
+    assert out.writes == ["data/part-00000.tar", "manifests/part-00000.parquet"]
+    assert (committed.samples, committed.quarantined, committed.reasons) == (2, 0, {})
+
+
+def test_a_shard_of_only_quarantined_samples_is_still_committed(tmp_path: Path) -> None:
+    out = _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=0)))
+    result = ShardOutput(device="cpu", sources=1, quarantined=[
+        Quarantined("a.jpg", 0, "read", "SourceError", "null image in column 'image'")])
+    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), 1, VERSIONS)
+    write_shard(out, "part-00000", result, context)
+    assert out.writes[-1] == "manifests/part-00000.parquet"
+    assert commit.committed_shards(out) == {"part-00000"}
+    manifest = _read_table(out, "manifests/part-00000.parquet")
+    assert manifest.num_rows == 0 and set(DESIGN_COLUMNS) <= set(manifest.column_names)
+    assert _read_table(out, "errors/part-00000.parquet").num_rows == 1
+
+
+def test_a_failed_data_write_commits_nothing(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    @dataclass(frozen=True)
+    class FailingData(RecordingLocation):
+        def write_bytes(self, relative: str, data: bytes) -> None:
+            if relative.startswith("data/"):
+                raise OSError("disk on fire")
+            super().write_bytes(relative, data)
+
+    base = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
+    out = FailingData(base.uri, base.fs, base.root, base.attempts)
+    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), 2, VERSIONS)
+    with pytest.raises(OSError, match="disk on fire"):
+        write_shard(out, SHARD, _result(photos[:2]), context)
+    assert out.writes == []
+    assert commit.committed_shards(out) == set()
