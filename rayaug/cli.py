@@ -263,7 +263,9 @@ def submit(job_file: str, address: str, wait: bool) -> None:
         final = wait_for(address, job_id, lambda line: click.echo(line, nl=False))
         out_console.print(f"job {job_id}: {final}")
         sys.exit(0 if final == "SUCCEEDED" else 1)
-    out_console.print(f"follow it with: ray job logs --address {address} -f {job_id}")
+    out_console.print(
+        f"follow it with: RAY_AUTH_MODE=token ray job logs --address {address} -f {job_id}"
+    )
 
 
 if __name__ == "__main__":

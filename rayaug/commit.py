@@ -56,8 +56,10 @@ def orphans(out: Location, keep: set[str]) -> list[str]:
     found = [
         path for folder in ("data", "errors") for path, _ in out.list(folder) if path not in keep
     ]
-    # A local manifest write killed mid-way leaves its temp file, which commits nothing.
-    return found + [path for path, _ in out.list("manifests") if ".tmp-" in path]
+    # A local write killed mid-way leaves its temp file (a manifest's commits nothing).
+    return found + [
+        p for folder in ("manifests", "_job") for p, _ in out.list(folder) if ".tmp-" in p
+    ]
 
 
 def read_json(out: Location, path: str) -> dict | None:
@@ -110,24 +112,33 @@ class Lease:
         self.run_id = uuid.uuid4().hex[:12]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lost_to: LeaseRecord | None = None  # set if another run took the lease over
 
     def _record(self) -> LeaseRecord:
         return LeaseRecord(
             self.run_id, socket.gethostname(), os.getpid(), time.time() + self.seconds
         )
 
+    def holder(self) -> LeaseRecord | None:
+        try:
+            current = read_json(self.out, LOCK)
+            return None if current is None else LeaseRecord(**current)
+        except (ValueError, TypeError) as error:
+            raise UsageError(
+                f"{self.out.uri_of(LOCK)} is unreadable ({error}); if no run is writing this "
+                "output, delete it"
+            ) from None
+
     def acquire(self) -> None:
-        current = read_json(self.out, LOCK)
-        if current is not None:
-            holder = LeaseRecord(**current)
-            if holder.run_id != self.run_id and holder.held_by_live_driver(time.time()):
-                raise UsageError(
-                    f"{self.out.uri} is being written by another run ({holder.run_id} on "
-                    f"{holder.host}, pid {holder.pid}); wait for it, or for its lease to expire "
-                    f"in {holder.expires - time.time():.0f}s"
-                )
+        holder = self.holder()
+        if holder and holder.run_id != self.run_id and holder.held_by_live_driver(time.time()):
+            raise UsageError(
+                f"{self.out.uri} is being written by another run ({holder.run_id} on "
+                f"{holder.host}, pid {holder.pid}); wait for it, or for its lease to expire "
+                f"in {holder.expires - time.time():.0f}s"
+            )
         write_json(self.out, LOCK, asdict(self._record()))
-        if (read_json(self.out, LOCK) or {}).get("run_id") != self.run_id:
+        if getattr(self.holder(), "run_id", None) != self.run_id:
             raise UsageError(f"{self.out.uri}: another run took the lease at the same moment")
         self._thread = threading.Thread(target=self._renew, name="rayaug-lease", daemon=True)
         self._thread.start()
@@ -135,6 +146,10 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):
             try:
+                holder = self.holder()
+                if holder is not None and holder.run_id != self.run_id:
+                    self.lost_to = holder  # the driver stops; overwriting would fight it
+                    return
                 write_json(self.out, LOCK, asdict(self._record()))
             except RayaugError as error:  # an outage must not kill the job; retry next round
                 log.warning("could not renew the lease: %s", error)
@@ -143,5 +158,5 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if (read_json(self.out, LOCK) or {}).get("run_id") == self.run_id:
+        if getattr(self.holder(), "run_id", None) == self.run_id:
             self.out.delete(LOCK)

@@ -24,7 +24,14 @@ from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import UsageError
 from rayaug.ops import from_records
 from rayaug.plan import JobPlan
-from rayaug.sinks import ERRORS_SCHEMA, MANIFEST_SCHEMA, SOURCES_KEY, ShardCommit, data_path
+from rayaug.sinks import (
+    ERRORS_SCHEMA,
+    MANIFEST_SCHEMA,
+    SOURCES_KEY,
+    ShardCommit,
+    committed_objects,
+    data_path,
+)
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
 
@@ -197,9 +204,7 @@ def verify(output: Output) -> list[str]:
     for shard in sorted(committed):
         breaches += _verify_shard(output, shard, planned.get(shard), seen)
     breaches += [f"sample {s} appears {n} times" for s, n in seen.items() if n > 1]
-    keep = {data_path(spec.output, s) for s in committed} | {
-        commit.errors_path(s) for s in committed
-    }
+    keep = committed_objects(spec.output, committed)
     breaches += [f"orphan object {p}" for p in commit.orphans(out, keep)]
     if not out.exists(commit.SUCCESS):
         breaches.append("no _SUCCESS: the job has not finished")

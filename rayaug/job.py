@@ -24,7 +24,7 @@ from rayaug import commit, inspect
 from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.plan import JobPlan, pending_units, prepare, versions
-from rayaug.sinks import ShardCommit, WriteContext, data_path, write_shard
+from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
 from rayaug.sources import WorkUnit, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
@@ -125,18 +125,17 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     lease.acquire()
     try:
         plan = prepare(spec, source, out)
-        tally = _count_committed(spec, plan, out)
-        pending = pending_units(plan, {c for c in commit.committed_shards(out)})
-        progress.started(tally)
+        run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out), progress)
+        progress.started(run.tally)
         startup = time.monotonic() - started
+        pending = pending_units(plan, commit.committed_shards(out))
         if pending:
-            startup = _execute(spec, plan, pending, options, tally, progress, started)
-        if tally.over_budget(spec.errors.max_error_rate, final=True):
-            raise JobFailed(_budget_message(spec, tally, out))
+            startup = run.execute(pending, options, started)
+        if run.tally.over_budget(spec.errors.max_error_rate, final=True):
+            raise JobFailed(run.budget_message())
         removed = _remove_orphans(spec, out)
-        summary = JobSummary(
-            out.uri, tally, startup, time.monotonic() - started, removed, plan.ignored
-        )
+        wall = time.monotonic() - started
+        summary = JobSummary(out.uri, run.tally, startup, wall, removed, plan.ignored)
         commit.write_json(out, commit.SUCCESS, summary.to_json())
         return summary
     finally:
@@ -151,40 +150,60 @@ def _count_committed(spec: JobSpec, plan: JobPlan, out: Location) -> Tally:
     return tally
 
 
-def _execute(
-    spec: JobSpec,
-    plan: JobPlan,
-    pending: list[WorkUnit],
-    options: RunOptions,
-    tally: Tally,
-    progress: Progress,
-    started: float,
-) -> float:
-    """Stream the pending units through Ray Data; returns the start-up seconds."""
-    import ray
+@dataclass
+class _Run:
+    """One driver's run of a job: what it executes and what it has counted."""
 
-    owns_ray = _connect(options)
-    try:
-        dataset = _pipeline(spec, plan, pending, ray.cluster_resources())
-        startup = time.monotonic() - started
-        for row in dataset.iter_rows():
-            tally.add(pickle.loads(row["commit"]), new=True)
-            progress.committed(tally)
-            if tally.over_budget(spec.errors.max_error_rate, final=False):
-                raise JobFailed(
-                    _budget_message(spec, tally, open_location(spec.output.uri, spec.storage))
-                )
-        return startup
-    except RayaugError:
-        raise
-    except Exception as error:  # a stage that kept failing after Ray's retries
-        raise JobFailed(
-            f"the job stopped: {_root_cause(error)}. Committed shards are kept; "
-            f"run `rayaug resume {spec.output.uri}` to continue."
-        ) from error
-    finally:
-        if owns_ray:
-            ray.shutdown()
+    spec: JobSpec
+    plan: JobPlan
+    out: Location
+    lease: commit.Lease
+    tally: Tally
+    progress: Progress
+
+    def execute(self, pending: list[WorkUnit], options: RunOptions, started: float) -> float:
+        """Stream the pending units through Ray Data; returns the start-up seconds."""
+        import ray
+
+        owns_ray = _connect(options)
+        try:
+            dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
+            startup = time.monotonic() - started
+            for row in dataset.iter_rows():
+                self.tally.add(pickle.loads(row["commit"]), new=True)
+                self.progress.committed(self.tally)
+                self._check_still_going()
+            return startup
+        except RayaugError:
+            raise
+        except Exception as error:  # a stage that kept failing after Ray's retries
+            raise JobFailed(
+                f"the job stopped: {_root_cause(error)}. Committed shards are kept; "
+                f"run `rayaug resume {self.out.uri}` to continue."
+            ) from error
+        finally:
+            if owns_ray:
+                ray.shutdown()
+
+    def _check_still_going(self) -> None:
+        holder = self.lease.lost_to
+        if holder is not None:
+            raise JobFailed(
+                f"another run ({holder.run_id} on {holder.host}) took over this "
+                "output's lease; this run stops"
+            )
+        if self.tally.over_budget(self.spec.errors.max_error_rate, final=False):
+            raise JobFailed(self.budget_message())
+
+    def budget_message(self) -> str:
+        tally = self.tally
+        top = ", ".join(f"{reason} ×{count}" for reason, count in tally.reasons.most_common(5))
+        total = tally.planned_samples or (tally.samples + tally.quarantined)
+        return (
+            f"error budget exceeded: {tally.quarantined} of {total} samples quarantined "
+            f"(max_error_rate {self.spec.errors.max_error_rate}): {top}. See `rayaug inspect "
+            f"{self.out.uri}`; raise errors.max_error_rate and resume to accept them."
+        )
 
 
 def _root_cause(error: BaseException) -> str:
@@ -325,21 +344,8 @@ def _write(row: dict, spec: JobSpec) -> dict:
 
 
 def _remove_orphans(spec: JobSpec, out: Location) -> int:
-    committed = commit.committed_shards(out)
-    keep = {data_path(spec.output, s) for s in committed} | {
-        commit.errors_path(s) for s in committed
-    }
+    keep = committed_objects(spec.output, commit.committed_shards(out))
     found = commit.orphans(out, keep)
     for path in found:
         out.delete(path)
     return len(found)
-
-
-def _budget_message(spec: JobSpec, tally: Tally, out: Location) -> str:
-    top = ", ".join(f"{reason} ×{count}" for reason, count in tally.reasons.most_common(5))
-    total = tally.planned_samples or (tally.samples + tally.quarantined)
-    return (
-        f"error budget exceeded: {tally.quarantined} of {total} samples quarantined "
-        f"(max_error_rate {spec.errors.max_error_rate}): {top}. "
-        f"See `rayaug inspect {out.uri}`; raise errors.max_error_rate and resume to accept them."
-    )

@@ -82,6 +82,11 @@ def data_path(output: OutputSpec, shard: str) -> str:
     return f"data/{shard}.{'parquet' if output.format == 'parquet' else 'tar'}"
 
 
+def committed_objects(output: OutputSpec, shards: set[str]) -> set[str]:
+    """The data and quarantine objects that committed shards vouch for (all others are orphans)."""
+    return {data_path(output, s) for s in shards} | {commit.errors_path(s) for s in shards}
+
+
 def write_shard(
     out: Location, shard: str, result: ShardOutput, context: WriteContext
 ) -> ShardCommit:
@@ -122,7 +127,8 @@ def _data_bytes(samples: list[AugmentedSample], shard: str, context: WriteContex
                 ("height", pa.int32()),
             ]
         )
-        return _parquet_bytes(_table(rows, schema))
+        # Encoded images do not compress: zstd over them would only cost CPU.
+        return _parquet_bytes(_table(rows, schema), compression="none")
     return _tar_bytes(samples, shard, EXTENSIONS[context.output.image_format])
 
 
@@ -189,7 +195,7 @@ def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _parquet_bytes(table: pa.Table) -> bytes:
+def _parquet_bytes(table: pa.Table, compression: str = "zstd") -> bytes:
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd")
+    pq.write_table(table, buffer, compression=compression)
     return buffer.getvalue()

@@ -50,13 +50,20 @@ def _extension(path: str) -> str:
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
-def _detect(files: list[tuple[str, int]], declared: str) -> str:
+def _detect(location: Location, files: list[tuple[str, int]], declared: str) -> str:
     if declared != "auto":
         return declared
     extensions = {_extension(path) for path, _ in files}
-    if "parquet" in extensions:
-        return "parquet"
-    return "webdataset" if "tar" in extensions else "folder"
+    found = [
+        fmt for fmt, ext in (("parquet", "parquet"), ("webdataset", "tar")) if ext in extensions
+    ]
+    if extensions & IMAGE_EXTENSIONS:
+        found.append("folder")
+    if len(found) > 1:  # one stray file must not silently change what is read
+        raise UsageError(
+            f"input {location.uri} mixes {' and '.join(found)} files; set input.format"
+        )
+    return found[0] if found else "folder"
 
 
 def _shard_name(index: int) -> str:
@@ -68,7 +75,7 @@ def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
     files = location.list(recursive=True)
     if not files:
         raise UsageError(f"input {location.uri} holds no files")
-    fmt = _detect(files, spec.format)
+    fmt = _detect(location, files, spec.format)
     if fmt == "folder":
         images = [path for path, _ in files if _extension(path) in IMAGE_EXTENSIONS]
         chunks = [tuple(images[i : i + shard_size]) for i in range(0, len(images), shard_size)]
@@ -92,14 +99,14 @@ def _parquet_units(
 ) -> list[WorkUnit]:
     units: list[WorkUnit] = []
     for path in paths:
-        with location.fs.open_input_file(location.path(path)) as handle:
-            metadata = pq.ParquetFile(handle).metadata
+        metadata = _parquet_metadata(location, path)
         names = metadata.schema.to_arrow_schema().names
-        if spec.image_column not in names:
-            raise UsageError(
-                f"{location.uri_of(path)} has no image column {spec.image_column!r} "
-                f"(columns: {', '.join(names)}); set input.image_column"
-            )
+        for field, column in (("image_column", spec.image_column), ("key_column", spec.key_column)):
+            if column is not None and column not in names:
+                raise UsageError(
+                    f"{location.uri_of(path)} has no column {column!r} "
+                    f"(columns: {', '.join(names)}); set input.{field}"
+                )
         for start in range(0, metadata.num_rows, size):
             stop = min(start + size, metadata.num_rows)
             units.append(WorkUnit(_shard_name(len(units)), (path,), (start, stop), stop - start))
@@ -134,6 +141,14 @@ def _read_parquet(location: Location, spec: InputSpec, unit: WorkUnit) -> Iterat
         label = None if labels[offset] is None else str(labels[offset])
         error = None if data is not None else f"null image in column {spec.image_column!r}"
         yield SourceSample(str(key), uri, data, label, error)
+
+
+def _parquet_metadata(location: Location, path: str) -> pq.FileMetaData:
+    def read() -> pq.FileMetaData:
+        with location.fs.open_input_file(location.path(path)) as handle:
+            return pq.ParquetFile(handle).metadata
+
+    return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
 
 
 def _parquet_rows(location: Location, path: str, start: int, stop: int) -> pa.Table:
@@ -225,8 +240,7 @@ def read_one(
     if fmt == "folder":
         return _read_file(location, relative)
     if fmt == "parquet":
-        with location.fs.open_input_file(location.path(relative)) as handle:
-            rows = pq.ParquetFile(handle).metadata.num_rows
+        rows = _parquet_metadata(location, relative).num_rows
         samples = _read_parquet(location, spec, WorkUnit("replay", (relative,), (0, rows)))
     else:
         samples = _read_tar(location, relative)

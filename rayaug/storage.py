@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
@@ -183,8 +183,10 @@ def open_location(uri: str, storage: StorageSpec) -> Location:
             raise UsageError(f"{uri!r} names no bucket: use s3://BUCKET/PREFIX")
         root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
         return Location(uri.rstrip("/"), _s3_filesystem(storage), root, attempts)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise UsageError(f"{uri!r}: file:// URIs name no host (use file:///path)")
     if parsed.scheme in ("", "file"):
-        path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+        path = Path(unquote(parsed.path) if parsed.scheme == "file" else uri).expanduser().resolve()
         return Location(str(path), pafs.LocalFileSystem(), str(path), attempts)
     raise UsageError(f"{uri!r}: unsupported URI scheme {parsed.scheme!r} (use a path or s3://)")
 

@@ -9,15 +9,16 @@ The job runs `python -m rayaug.cli run <spec>` on the cluster. Its runtime_env c
 Credentials never travel: not in the runtime_env, the entrypoint, the metadata or any line
 rayaug prints. Storage credentials come from the cluster nodes' own environment.
 
-Token authentication (Ray 2.60): the dashboard of a cluster started while a token exists
-(`~/.ray/auth_token`, or `RAY_AUTH_MODE=token`) refuses requests without it. Ray's job client
-sends the token only when `RAY_AUTH_MODE=token` is set in the submitting process; `ray start`
-and `ray.init()` turn that on by themselves when a token file exists, but an explicit address
-never does. rayaug follows the same rule with one addition that mirrors `ray start`: with
-`RAY_AUTH_MODE` unset, a local token (loaded by Ray's own `AuthenticationTokenLoader`, which
-reads `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`) is sent to a loopback
-address only (a head on this machine, or the tunnel `ray dashboard cluster.yaml` opens).
-`RAY_AUTH_MODE=disabled` never sends it. The token is only ever placed in an HTTP header.
+Token authentication (Ray 2.60): `ray start --head` turns it on when a token exists
+(`~/.ray/auth_token`), `ray.init()` of a new local Ray always does (writing the file if missing),
+and the dashboard then refuses requests without the token. Ray's job client sends the token only
+when `RAY_AUTH_MODE=token` is set in the submitting process; connecting to an explicit address
+never turns that on (so a plain `ray job submit` to such a head fails with 401). rayaug follows
+the same rule with one addition that mirrors `ray start`: with `RAY_AUTH_MODE` unset, the local
+token (loaded by Ray's own `AuthenticationTokenLoader`, which reads `RAY_AUTH_TOKEN`,
+`RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`) is sent to a loopback address only (a head on this
+machine, or the tunnel `ray dashboard cluster.yaml` opens). `RAY_AUTH_MODE=disabled` never sends
+it. The token is only ever placed in an HTTP header, never in an error or log line.
 """
 
 from __future__ import annotations

@@ -26,8 +26,14 @@ from pyarrow import fs
 
 # The component ports `weed mini` accepts (see `weed mini -h`); each gets its own free port.
 _PORT_FLAGS = (
-    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-    "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
 )
 _GRPC_SOCKETS = ("master", "volume", "filer", "s3", "admin")
 
@@ -109,8 +115,12 @@ class SeaweedS3:
         """A pyarrow S3 filesystem for this server; `options` go to S3FileSystem."""
         os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no probe of 169.254.169.254
         return fs.S3FileSystem(
-            endpoint_override=self.endpoint, scheme="http", region=self.region,
-            access_key=self.access_key, secret_key=self.secret_key, **options,
+            endpoint_override=self.endpoint,
+            scheme="http",
+            region=self.region,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            **options,
         )
 
     def create_bucket(self, name: str) -> None:
@@ -123,12 +133,22 @@ class SeaweedS3:
         filer_sock = sock_dir / f"filer-{self.ports['filer.port']}.sock"
         s3_sock = sock_dir / f"s3-{self.ports['s3.port']}.sock"
         return [
-            weed_binary(), f"-logdir={self.root / 'logs'}", "mini", f"-dir={self.root / 'data'}",
-            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", *sorted(flags),
-            f"-s3.config={self.root / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
+            weed_binary(),
+            f"-logdir={self.root / 'logs'}",
+            "mini",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            *sorted(flags),
+            f"-s3.config={self.root / 's3.json'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-master.telemetry=false",
             "-s3.autoCreateBucket=false",  # like AWS: a missing bucket is an error
-            f"-filer.localSocket={filer_sock}", f"-s3.localSocket={s3_sock}",
+            f"-filer.localSocket={filer_sock}",
+            f"-s3.localSocket={s3_sock}",
         ]
 
     def start(self, timeout: float = 60.0) -> None:
@@ -137,14 +157,25 @@ class SeaweedS3:
             return
         for sub in ("data", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        identity = {"name": "test", "credentials": [
-            {"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+        identity = {
+            "name": "test",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
         (self.root / "s3.json").write_text(json.dumps({"identities": [identity]}))
         with open(self.root / "logs" / "weed.out", "ab") as out:
+            # weed adds AWS_* credentials in its environment as an extra identity: a second
+            # server would then refuse its own keys. Only s3.json decides who may connect.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
             self._proc = subprocess.Popen(
-                self._command(), cwd=self.root, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                self._command(),
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         try:
             self.wait_ready(timeout)
@@ -155,7 +186,8 @@ class SeaweedS3:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until a bucket listing through pyarrow succeeds; raise if weed died or hung."""
         probe = self.filesystem(
-            connect_timeout=1, request_timeout=3,
+            connect_timeout=1,
+            request_timeout=3,
             retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=1),
         )
         deadline = time.monotonic() + timeout
@@ -184,7 +216,8 @@ class SeaweedS3:
         # weed leaves its gRPC sockets in /tmp when it does not shut down cleanly.
         for kind in _GRPC_SOCKETS:
             Path(f"/tmp/seaweedfs-{kind}-grpc-{self.ports[f'{kind}.port.grpc']}.sock").unlink(
-                missing_ok=True)
+                missing_ok=True
+            )
 
     def stop(self, timeout: float = 20.0) -> None:
         """Graceful shutdown (SIGTERM, then SIGKILL after `timeout`). Data stays under root."""

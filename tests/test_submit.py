@@ -1,0 +1,414 @@
+"""`rayaug submit` through the Ray Jobs API, and the cluster-launcher config.
+
+The end-to-end test starts its own Ray head (`ray start --head --block`, loopback only, in its own
+session and temp dir), submits a tiny job with the CLI as a user would, waits for it, and reads the
+output. The head is stopped by its own pids (every process of the session it leads), never with
+`ray stop`, which would end every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from rayaug import sampledata, submit
+from rayaug.errors import UsageError
+from rayaug.job import FORWARDED_ENV
+from rayaug.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin: .venv/bin when run as .venv/bin/python
+RAY = BIN / "ray"
+RAYAUG = BIN / "rayaug"
+
+SPEC = """\
+version: 1
+name: submit-test
+input: {uri: in}
+output: {uri: out, shard_size: 4}
+views: 2
+seed: 5
+ops:
+  - {name: horizontal_flip, p: 0.5}
+  - {name: rotation, degrees: 10, p: 0.5}
+execution: {concurrency: 1, batch_size: 8}
+"""
+FAKE_SECRETS = {
+    "AWS_ACCESS_KEY_ID": "AKIAFAKEKEYFORTEST000",
+    "AWS_SECRET_ACCESS_KEY": "fake-secret-access-key-for-the-test-0000",
+    "AWS_SESSION_TOKEN": "fake-session-token-for-the-test-0000",
+}
+
+
+def _secrets_to_hide() -> list[str]:
+    """The Ray token(s) this machine has, and the fake AWS credentials the tests set."""
+    found = list(FAKE_SECRETS.values())
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if token_file.is_file() and token_file.read_text().strip():
+        found.append(token_file.read_text().strip())
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        found.append(os.environ["RAY_AUTH_TOKEN"])
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _environ_without_ray_address() -> dict[str, str]:
+    hidden = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+    return {k: v for k, v in os.environ.items() if k not in hidden}
+
+
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = _environ_without_ray_address()
+    env.update(AWS_EC2_METADATA_DISABLED="true", **extra)
+    return env
+
+
+# ---------------------------------------------------------------- a real head for this module
+
+
+@dataclass
+class Head:
+    url: str
+    pid: int
+    temp_dir: Path
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Every live process of the session the head leads (its services, workers, job drivers)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True)
+    pids = []
+    for line in out.stdout.splitlines():
+        pid, session, stat = line.split(None, 2)
+        if int(session) == sid and not stat.startswith("Z"):
+            pids.append(int(pid))
+    return pids
+
+
+def _stop_head(process: subprocess.Popen) -> list[int]:
+    """SIGTERM the `ray start --block` leader (it stops its services), then SIGKILL what is left."""
+    sid = process.pid
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=20)
+    deadline = time.monotonic() + 5
+    while _session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in _session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _session_pids(sid)
+
+
+def _wait_for_dashboard(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"ray start exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2):
+                return
+        except urllib.error.HTTPError:  # 401 with token auth: it answers, so it is up
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the dashboard at {url} did not answer in {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[Head]:
+    """A Ray head on loopback with the dashboard (Jobs API), in its own session and temp dir."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: unix sockets < 107
+    ports = {
+        name: _free_port()
+        for name in (
+            "port",
+            "dashboard-port",
+            "object-manager-port",
+            "node-manager-port",
+            "ray-client-server-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+        )
+    }
+    command = [
+        str(RAY), "start", "--head", "--block",
+        "--node-ip-address", "127.0.0.1",
+        "--dashboard-host", "127.0.0.1",
+        "--include-dashboard", "true",
+        "--num-cpus", "2",
+        "--temp-dir", str(temp_dir),
+        "--min-worker-port", "0", "--max-worker-port", "0",  # workers take any free port
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    for name, port in ports.items():
+        command += [f"--{name}", str(port)]
+    env = _environ_without_ray_address()
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # jobs run the `python` on the head's PATH
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",  # SIGTERM: stop now, not after a 30 s drain
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    log = temp_dir / "ray-start.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{ports['dashboard-port']}"
+    try:
+        _wait_for_dashboard(url, process, log, timeout=90)
+        yield Head(url, process.pid, temp_dir)
+    finally:
+        left = _stop_head(process)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, f"processes of the test head still running: {left}"
+
+
+@pytest.mark.slow
+def test_submit_and_wait_on_a_real_head(ray_head: Head, tmp_path: Path) -> None:
+    sampledata.write_folder(sampledata.make_photos(8, short_side=(64, 96)), tmp_path / "in")
+    (tmp_path / "job.yaml").write_text(SPEC)
+
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(RAYAUG), "submit", "job.yaml", "--address", ray_head.url, "--wait"],
+        cwd=tmp_path,  # relative input/output: resolved here, not in the job's working_dir
+        env=_cli_env(RAY_ADDRESS="127.0.0.1:1", **FAKE_SECRETS),  # --address must win
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    printed = result.stdout + result.stderr
+    assert result.returncode == 0, printed
+    assert time.monotonic() - started < 240, printed
+
+    out = tmp_path / "out"
+    assert (out / "_SUCCESS").is_file(), printed
+    manifests = sorted((out / "manifests").glob("*.parquet"))
+    rows = sum(pq.read_table(path).num_rows for path in manifests)
+    assert rows == 16, printed
+    sample_ids = {
+        s for path in manifests for s in pq.read_table(path).column("sample_id").to_pylist()
+    }
+    assert len(sample_ids) == 16
+    assert "SUCCEEDED" in result.stdout
+    assert "done: 16 samples" in printed  # the job's own log, streamed back
+    for secret in _secrets_to_hide():
+        assert secret not in printed
+
+    # What the cluster recorded of the submission: the forwarded setting, no credential.
+    job_id = re.search(r"submitted (\S+) to ", result.stdout).group(1)
+    info = submit._client(ray_head.url).get_job_info(job_id)
+    recorded = json.dumps({"env": info.runtime_env, "entrypoint": info.entrypoint,
+                           "metadata": info.metadata})  # fmt: skip
+    env_vars = info.runtime_env["env_vars"]
+    assert env_vars["AWS_EC2_METADATA_DISABLED"] == "true"
+    assert set(env_vars) <= set(FORWARDED_ENV)
+    assert info.entrypoint == "python -m rayaug.cli run job.yaml"
+    for secret in _secrets_to_hide():
+        assert secret not in recorded
+
+
+def test_submit_to_nothing_exits_2_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "job.yaml").write_text(SPEC)
+    port = _free_port()  # closed again: nothing listens there
+    result = subprocess.run(
+        [str(RAYAUG), "submit", "job.yaml", "--address", f"http://127.0.0.1:{port}", "--wait"],
+        cwd=tmp_path,
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "nothing answers" in lines[0] and f"127.0.0.1:{port}" in lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- without a cluster
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:8265", "http://127.0.0.1:8265"),
+        ("127.0.0.1:9000", "http://127.0.0.1:9000"),
+        ("http://head/", "http://head:8265"),
+        ("https://ray.example.com", "https://ray.example.com:443"),
+        ("http://[::1]:8265", "http://[::1]:8265"),
+    ],
+)
+def test_dashboard_url(given: str, expected: str) -> None:
+    assert submit._dashboard_url(given) == expected
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["", "ray://head:10001", "ftp://head:21", "http://head:port", "http://h:1/api", "http://:80"],
+)
+def test_dashboard_url_rejects(given: str) -> None:
+    with pytest.raises(UsageError):
+        submit._dashboard_url(given)
+
+
+class _RecordingClient:
+    """Stands in for JobSubmissionClient: records the submission, reads the shipped spec."""
+
+    def __init__(self) -> None:
+        self.kwargs: dict = {}
+        self.shipped: dict[str, str] = {}
+
+    def submit_job(self, **kwargs) -> str:
+        self.kwargs = kwargs
+        working_dir = Path(kwargs["runtime_env"]["working_dir"])
+        self.shipped = {p.name: p.read_text() for p in working_dir.iterdir()}
+        return "raysubmit_test"
+
+
+def test_submission_has_absolute_paths_and_no_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC)
+    monkeypatch.chdir(tmp_path)
+    for name, value in {**FAKE_SECRETS, "RAY_AUTH_TOKEN": "fake-ray-token-0000"}.items():
+        monkeypatch.setenv(name, value)
+    for name in FORWARDED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    client = _RecordingClient()
+    monkeypatch.setattr(submit, "_client", lambda url: client)
+
+    job_id = submit.submit_job(load_spec("job.yaml"), Path("job.yaml"), "http://127.0.0.1:8265")
+
+    assert job_id == "raysubmit_test"
+    runtime_env = client.kwargs["runtime_env"]
+    assert client.kwargs["entrypoint"] == "python -m rayaug.cli run job.yaml"
+    assert runtime_env["py_modules"] == [str(Path(submit.__file__).resolve().parent)]
+    assert runtime_env["env_vars"] == {
+        "AWS_REGION": "eu-west-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    shipped = yaml.safe_load(client.shipped["job.yaml"])
+    assert shipped["input"]["uri"] == str(tmp_path.resolve() / "in")
+    assert shipped["output"]["uri"] == str(tmp_path.resolve() / "out")
+    everything = json.dumps(client.kwargs) + "".join(client.shipped.values())
+    for secret in [*FAKE_SECRETS.values(), "fake-ray-token-0000"]:
+        assert secret not in everything
+
+
+class _FlakyLogClient:
+    """A job whose log stream breaks after two chunks; polling must finish it, no line twice."""
+
+    LOG = "line 1\nline 2\nline 3\nline 4\n"
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    async def tail_job_logs(self, job_id: str):
+        yield self.LOG[:7]
+        yield self.LOG[7:14]
+        raise RuntimeError("WebSocket connection closed unexpectedly with close code 1006")
+
+    def get_job_status(self, job_id: str) -> str:
+        self.polls += 1
+        return "RUNNING" if self.polls < 3 else "SUCCEEDED"
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self.LOG[: 14 + 7 * self.polls]
+
+    def get_address(self) -> str:
+        return "http://127.0.0.1:8265"
+
+
+def test_wait_for_resumes_a_broken_log_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _FlakyLogClient()
+    monkeypatch.setattr(submit, "_client", lambda url: client)
+    monkeypatch.setattr(submit, "_POLL_S", 0.01)
+    shown: list[str] = []
+
+    status = submit.wait_for("http://127.0.0.1:8265", "raysubmit_x", shown.append)
+
+    assert status == "SUCCEEDED"
+    assert "".join(shown) == _FlakyLogClient.LOG
+
+
+def test_remote_uris_are_left_alone() -> None:
+    for uri in ("s3://bucket/prefix", "file:///data/x", "/abs/path"):
+        assert submit._absolute_uri(uri) == uri
+
+
+# ---------------------------------------------------------------- the cluster-launcher config
+
+
+def test_cluster_yaml_is_a_valid_ray_cluster_config() -> None:
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    required = ("cluster_name", "provider", "available_node_types", "head_node_type")
+    commands = ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands")
+    for key in required + commands:
+        assert key in config, key
+
+    import ray.autoscaler
+
+    schema_path = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
+    if schema_path.is_file():
+        jsonschema = pytest.importorskip("jsonschema")
+        jsonschema.validate(config, json.loads(schema_path.read_text()))
+    # Ray's own checks after merging the provider's defaults, as `ray up` does (offline).
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(copy.deepcopy(config)))
+
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]
+    workers = [t for name, t in types.items() if name != config["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0
+    assert any(
+        w["resources"].get("GPU", 0) >= 1 and w["min_workers"] == 0 and w["max_workers"] > 0
+        for w in workers
+    )
+    commands = " ".join(
+        config["setup_commands"]
+        + config.get("head_setup_commands", [])
+        + config.get("worker_setup_commands", [])
+    )
+    assert "pip install" in commands and "torch" in commands and "rayaug" in commands
+    assert any("ray start --head" in c for c in config["head_start_ray_commands"])
+    assert any("--address=$RAY_HEAD_IP:6379" in c for c in config["worker_start_ray_commands"])
