@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rayaug import codec
+from rayaug.kernels import KERNELS
 from rayaug.ops import Applied, Canvas, GeometricOp, Op, decode_reduction, draw_ops
 from rayaug.records import AugmentedSample, Quarantined, ShardOutput, SourceSample, sample_seed
 from rayaug.spec import JobSpec
@@ -168,14 +169,13 @@ class Augmenter:
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
-        op = steps[0][1].op
+        op, kernel = steps[0][1].op, KERNELS[steps[0][1].name]
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, step in steps:
             groups[(tuple(item.image.shape), op.batch_key(step.params))].append((item, step))
         for group in groups.values():
-            result = op.apply(
-                torch.stack([item.image for item, _ in group]), [s.params for _, s in group]
-            )
+            images = torch.stack([item.image for item, _ in group])
+            result = kernel(images, [s.params for _, s in group])
             for (item, _), image in zip(group, result, strict=True):
                 item.image = image
 

@@ -68,6 +68,7 @@ class _LiveProgress:
             TimeElapsedColumn(),
             console=console,
             transient=False,
+            refresh_per_second=2,  # the driver shares its CPU with the workers
         )
         self.task = None
         self.start_time = time.monotonic()
@@ -233,10 +234,10 @@ def _print_summary(report: dict) -> None:
 @_endpoint_option
 def replay(out_uri: str, sample_id: str, target: str | None, endpoint: str | None) -> None:
     """Regenerate SAMPLE_ID from its manifest row; exit 1 if its bytes differ."""
-    from rayaug import inspect
+    from rayaug.replay import replay as replay_sample
 
     output, storage = _output(out_uri, endpoint)
-    result = inspect.replay(output, sample_id, storage)
+    result = replay_sample(output, sample_id, storage)
     if target:
         Path(target).write_bytes(result.image)
     verdict = "identical" if result.matches else "DIFFERENT"

@@ -19,10 +19,8 @@ import pyarrow.parquet as pq
 import yaml
 from PIL import Image, ImageDraw
 
-from rayaug import commit, sources
-from rayaug.augment import Augmenter, pick_device
+from rayaug import commit
 from rayaug.errors import UsageError
-from rayaug.ops import from_records
 from rayaug.plan import JobPlan
 from rayaug.sinks import (
     ERRORS_SCHEMA,
@@ -32,8 +30,8 @@ from rayaug.sinks import (
     committed_objects,
     data_path,
 )
-from rayaug.spec import JobSpec, StorageSpec, parse_spec
-from rayaug.storage import Location, open_location
+from rayaug.spec import JobSpec, parse_spec
+from rayaug.storage import Location
 
 
 @dataclass(frozen=True)
@@ -274,25 +272,3 @@ def find_row(out: Location, sample: str) -> dict:
     if matches.num_rows == 0:
         raise UsageError(f"no committed sample {sample!r} in {out.uri}")
     return matches.to_pylist()[0]
-
-
-@dataclass(frozen=True)
-class Replay:
-    row: dict
-    image: bytes
-
-    @property
-    def matches(self) -> bool:
-        return hashlib.sha256(self.image).hexdigest() == self.row["sha256"]
-
-
-def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
-    """Regenerate one sample from its manifest row and its source bytes alone."""
-    row = find_row(output.location, sample)
-    source_location = open_location(output.spec.input.uri, storage)
-    source = sources.read_one(
-        source_location, output.spec.input, output.plan.format, row["source_uri"], row["source_key"]
-    )
-    augmenter = Augmenter(output.spec, pick_device(1 if row["device"] == "cuda" else 0))
-    image = augmenter.replay(source, row["view"], row["seed"], from_records(json.loads(row["ops"])))
-    return Replay(row, image)

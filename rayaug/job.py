@@ -21,7 +21,6 @@ from typing import Protocol
 import numpy as np
 
 from rayaug import commit, inspect
-from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.plan import JobPlan, pending_units, prepare, versions
 from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
@@ -323,6 +322,10 @@ class _AugmentStage:
     """One actor: builds its Augmenter once (torch and kornia load here, not per batch)."""
 
     def __init__(self, spec: JobSpec, num_gpus: float) -> None:
+        # Imported here, not at the top: read and write workers load this module too, and
+        # torch would cost each of them ~400 MB and seconds of a scarce CPU.
+        from rayaug.augment import Augmenter, pick_device
+
         self.augmenter = Augmenter(spec, pick_device(num_gpus))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,22 +1,20 @@
-"""The op catalogue: each op draws its parameters per sample, then applies them as a pure function.
+"""The op catalogue: each op's spec fields, how it draws its parameters, and its geometry.
 
 Drawing (`draw`) uses only numpy and the sample's own generator, so parameters never depend on
-the batch, the actor or the device. Applying uses only the recorded parameters, so a manifest
-row is enough to replay a sample. Geometric ops give a 3x3 pixel homography (pixel centres at
-integer coordinates) and are fused into one Kornia warp; photometric ops are batched Kornia
-calls with one parameter per sample.
+the batch, the actor or the device. Geometric ops give a 3x3 pixel homography (pixel centres
+at integer coordinates), fused per sample into one Kornia warp by `augment`. Photometric ops
+are applied from their recorded parameters alone by `kernels` (Kornia's split: sample, then
+apply). This module needs no torch, so the spec loads fast and I/O workers stay light.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-import kornia
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Canvas = tuple[int, int]  # (height, width)
@@ -85,13 +83,8 @@ class PhotometricOp(Op):
 
     @staticmethod
     def batch_key(params: Params) -> object:
-        """Samples whose keys differ cannot share one Kornia call (e.g. blur kernel size)."""
+        """Samples whose keys differ cannot share one kernel call (e.g. blur kernel size)."""
         return None
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        """Images (B, 3, H, W) in [0, 1] with one parameter dict per image."""
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------- geometry helpers
@@ -133,6 +126,11 @@ def _homography(src: list[list[float]], dst: list[list[float]]) -> np.ndarray:
 
 def _uniform(rng: np.random.Generator, bounds: Range) -> float:
     return float(rng.uniform(bounds[0], bounds[1]))
+
+
+def _noise_seed(rng: np.random.Generator) -> int:
+    """Noise pixels come from a recorded seed: the manifest stays small and replay exact."""
+    return int(rng.integers(0, 2**63 - 1))
 
 
 # ---------------------------------------------------------------- geometric ops
@@ -352,64 +350,6 @@ class Perspective(GeometricOp):
 # ---------------------------------------------------------------- photometric ops
 
 
-def _per_sample(params: list[Params], key: str, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([p[key] for p in params], dtype=like.dtype, device=like.device)
-
-
-def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    enhance = kornia.enhance
-    return {
-        "brightness": enhance.adjust_brightness_accumulative,
-        "contrast": enhance.adjust_contrast_with_mean_subtraction,
-        "saturation": enhance.adjust_saturation_with_gray_subtraction,
-        "hue": lambda x, f: enhance.adjust_hue(x, f * 2 * math.pi),
-    }
-
-
-# ITU-R 601 luma, as Kornia's grayscale; YIQ for the fused hue rotation about the gray axis.
-_LUMA = np.array([0.299, 0.587, 0.114])
-_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
-
-
-def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray, np.ndarray]:
-    """One jitter step as an affine map of RGB: (3x3 matrix, offset)."""
-    identity, no_offset = np.eye(3), np.zeros(3)
-    if step == "brightness":
-        return factor * identity, no_offset
-    if step == "contrast":
-        return factor * identity, np.full(3, (1 - factor) * mean_gray)
-    if step == "saturation":
-        return factor * identity + (1 - factor) * np.outer(np.ones(3), _LUMA), no_offset
-    angle = factor * 2 * math.pi
-    rotation = np.array(
-        [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
-    )
-    return np.linalg.inv(_YIQ) @ rotation @ _YIQ, no_offset
-
-
-def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    """All four steps as one per-sample affine colour map (one batched matmul).
-
-    Exact without clipping between steps: the contrast step's mean is the mean of an affine
-    image, i.e. the same affine map of the input's mean colour.
-    """
-    means = images.mean(dim=(2, 3)).double().cpu().numpy()
-    matrices, offsets = [], []
-    for mean, p in zip(means, params, strict=True):
-        matrix, offset = np.eye(3), np.zeros(3)
-        for step in p["order"]:
-            step_matrix, step_offset = _fused_step(
-                step, p[step], float(_LUMA @ (matrix @ mean + offset))
-            )
-            matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
-        matrices.append(matrix)
-        offsets.append(offset)
-    matrix = torch.tensor(np.stack(matrices), dtype=images.dtype, device=images.device)
-    offset = torch.tensor(np.stack(offsets), dtype=images.dtype, device=images.device)
-    flat = images.flatten(2)
-    return torch.baddbmm(offset[:, :, None], matrix, flat).clamp_(0, 1).view_as(images)
-
-
 class ColorJitter(PhotometricOp):
     """torchvision's ColorJitter, with the order of its four steps drawn per sample.
 
@@ -439,31 +379,10 @@ class ColorJitter(PhotometricOp):
     def batch_key(params: Params) -> object:
         return params.get("fused", False)
 
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        if params[0].get("fused"):
-            return _fused_jitter(images, params)
-        images = images.clone()  # updated in place, one subset per step, below
-        steps = _jitter_steps()
-        for position in range(4):
-            for step, fn in steps.items():
-                chosen = [
-                    i for i, p in enumerate(params) if p["order"][position : position + 1] == [step]
-                ]
-                if chosen:
-                    index = torch.tensor(chosen, device=images.device)
-                    factor = _per_sample([params[i] for i in chosen], step, images)
-                    images[index] = fn(images[index], factor)
-        return images.clamp(0, 1)
-
 
 class Grayscale(PhotometricOp):
     name: Literal["grayscale"] = "grayscale"
     p: float = Field(0.1, ge=0, le=1)
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        return kornia.color.rgb_to_grayscale(images).expand(-1, 3, -1, -1).contiguous()
 
 
 class GaussianBlur(PhotometricOp):
@@ -495,21 +414,6 @@ class GaussianBlur(PhotometricOp):
     def batch_key(params: Params) -> object:
         return params["kernel_size"]
 
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        k = params[0]["kernel_size"]
-        sigma = _per_sample(params, "sigma", images)[:, None].expand(-1, 2)
-        return kornia.filters.gaussian_blur2d(images, (k, k), sigma, border_type="reflect")
-
-
-def _generator(seed: int) -> torch.Generator:
-    """Noise is drawn on the CPU from a recorded seed, so every device sees the same noise."""
-    return torch.Generator().manual_seed(seed)
-
-
-def _noise_seed(rng: np.random.Generator) -> int:
-    return int(rng.integers(0, 2**63 - 1))
-
 
 class GaussianNoise(PhotometricOp):
     """Add N(mean, std) noise, std drawn from `std` [low, high] (in units of full scale)."""
@@ -521,15 +425,6 @@ class GaussianNoise(PhotometricOp):
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         return {"mean": self.mean, "std": _uniform(rng, self.std), "noise_seed": _noise_seed(rng)}
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        shape = images.shape[1:]
-        noise = torch.stack(
-            [torch.randn(shape, generator=_generator(p["noise_seed"])) for p in params]
-        )
-        mean, std = (_per_sample(params, k, images)[:, None, None, None] for k in ("mean", "std"))
-        return (images + noise.to(images.device) * std + mean).clamp(0, 1)
 
 
 class SaltAndPepper(PhotometricOp):
@@ -553,16 +448,6 @@ class SaltAndPepper(PhotometricOp):
             "salt_vs_pepper": self.salt_vs_pepper,
             "noise_seed": _noise_seed(rng),
         }
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        shape = (1, *images.shape[2:])
-        u = torch.stack([torch.rand(shape, generator=_generator(p["noise_seed"])) for p in params])
-        u = u.to(images.device)
-        amount = _per_sample(params, "amount", images)[:, None, None, None]
-        salt = amount * _per_sample(params, "salt_vs_pepper", images)[:, None, None, None]
-        images = torch.where(u < salt, torch.ones_like(images), images)
-        return torch.where((u >= salt) & (u < amount), torch.zeros_like(images), images)
 
 
 class Erasing(PhotometricOp):
@@ -588,14 +473,6 @@ class Erasing(PhotometricOp):
                 return {"box": [x0, y0, w, h], "value": self.value}
         return {"box": [0, 0, 0, 0], "value": self.value}
 
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        images = images.clone()
-        for image, p in zip(images, params, strict=True):
-            x0, y0, w, h = p["box"]
-            image[:, y0 : y0 + h, x0 : x0 + w] = p["value"]
-        return images
-
 
 class Sharpness(PhotometricOp):
     """PIL-style sharpness with a factor from `factor` [low, high] (1 = unchanged)."""
@@ -606,10 +483,6 @@ class Sharpness(PhotometricOp):
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         return {"factor": _uniform(rng, self.factor)}
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        return kornia.enhance.sharpness(images, _per_sample(params, "factor", images))
 
 
 class Posterize(PhotometricOp):
@@ -627,11 +500,6 @@ class Posterize(PhotometricOp):
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         return {"bits": int(rng.integers(self.bits[0], self.bits[1] + 1))}
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        bits = torch.tensor([p["bits"] for p in params], device=images.device)
-        return kornia.enhance.posterize(images, bits)
 
 
 class Solarize(PhotometricOp):
@@ -655,17 +523,9 @@ class Solarize(PhotometricOp):
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         return {"threshold": _uniform(rng, self.threshold)}
 
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        return kornia.enhance.solarize(images, _per_sample(params, "threshold", images))
-
 
 class Equalize(PhotometricOp):
     name: Literal["equalize"] = "equalize"
-
-    @staticmethod
-    def apply(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-        return kornia.enhance.equalize(images)
 
 
 GEOMETRIC = (Resize, CenterCrop, RandomCrop, RandomResizedCrop, HorizontalFlip, VerticalFlip)

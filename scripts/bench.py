@@ -10,9 +10,10 @@ bench-data/input/, then runs one runner after another on it, at N and at 4N imag
   rayaug-s3       the same, writing to S3 on a SeaweedFS server on loopback (--s3)
   dali            NVIDIA DALI on the GPU (--gpu, when nvidia.dali imports)
 
-Ops: RandomResizedCrop to 224 (scale 0.08-1, ratio 3/4-4/3), HorizontalFlip (p 0.5),
-ColorJitter(0.4, 0.4, 0.4, 0.1) (p 1), Rotation +-15 degrees (p 1, black corners); JPEG q90
-out; Parquet shards of 256 rows (naive-ray: one file per image) on local disk.
+Ops, in this order for every runner: RandomResizedCrop to 224 (scale 0.08-1, ratio 3/4-4/3),
+HorizontalFlip (p 0.5), Rotation +-15 degrees (p 1, black corners), ColorJitter(0.4, 0.4, 0.4,
+0.1) (p 1; rayaug's fused colour map, see the README); JPEG q90 out; Parquet shards of
+256 rows (naive-ray: one file per image) on local disk.
 
 Every runner is its own process tree, timed end to end (interpreter start and imports
 included, for rayaug as for the peers), with the RSS and PSS of the whole tree (Ray's GCS,
@@ -402,9 +403,9 @@ def rayaug_spec(images: Path, output_uri: str, n: int, gpu: bool, storage: dict[
             {"name": "random_resized_crop", "size": SIZE, "scale": list(CROP_SCALE),
              "ratio": list(CROP_RATIO)},
             {"name": "horizontal_flip", "p": P_FLIP},
-            {"name": "color_jitter", "brightness": BRIGHTNESS, "contrast": CONTRAST,
-             "saturation": SATURATION, "hue": HUE, "p": P_JITTER},
             {"name": "rotation", "degrees": DEGREES, "p": P_ROTATE},
+            {"name": "color_jitter", "brightness": BRIGHTNESS, "contrast": CONTRAST,
+             "saturation": SATURATION, "hue": HUE, "p": P_JITTER, "fused": True},
         ],
         "execution": {"num_gpus": 1 if gpu else 0},
     }
@@ -494,8 +495,8 @@ def _albu_init() -> None:
     _ALBU = A.Compose([
         A.RandomResizedCrop(size=(SIZE, SIZE), scale=CROP_SCALE, ratio=CROP_RATIO),
         A.HorizontalFlip(p=P_FLIP),
-        A.ColorJitter(BRIGHTNESS, CONTRAST, SATURATION, HUE, p=P_JITTER),
         A.Rotate(limit=DEGREES, border_mode=cv2.BORDER_CONSTANT, fill=0, p=P_ROTATE),
+        A.ColorJitter(BRIGHTNESS, CONTRAST, SATURATION, HUE, p=P_JITTER),
     ], seed=SEED + os.getpid())
 
 
@@ -577,10 +578,10 @@ def pil_augment(image: Any, rng: random.Random) -> Any:
     image = pil_random_resized_crop(image.convert("RGB"), rng)
     if rng.random() < P_FLIP:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    if rng.random() < P_JITTER:
-        image = pil_color_jitter(image, rng)
     if rng.random() < P_ROTATE:
         image = image.rotate(rng.uniform(-DEGREES, DEGREES), Image.Resampling.BILINEAR)
+    if rng.random() < P_JITTER:
+        image = pil_color_jitter(image, rng)
     return image
 
 
@@ -633,14 +634,14 @@ def run_dali(images: Path, out: Path, procs: int) -> int:
                                                 random_aspect_ratio=list(CROP_RATIO))
         resized = fn.resize(decoded, size=[SIZE, SIZE])
         flipped = fn.flip(resized, horizontal=fn.random.coin_flip(probability=P_FLIP))
-        jittered = fn.color_twist(
-            flipped,
+        rotated = fn.rotate(flipped, angle=fn.random.uniform(range=[-DEGREES, DEGREES]),
+                            keep_size=True, fill_value=0)
+        return fn.color_twist(
+            rotated,
             brightness=fn.random.uniform(range=[1 - BRIGHTNESS, 1 + BRIGHTNESS]),
             contrast=fn.random.uniform(range=[1 - CONTRAST, 1 + CONTRAST]),
             saturation=fn.random.uniform(range=[1 - SATURATION, 1 + SATURATION]),
             hue=fn.random.uniform(range=[-HUE * 360, HUE * 360]))
-        return fn.rotate(jittered, angle=fn.random.uniform(range=[-DEGREES, DEGREES]),
-                         keep_size=True, fill_value=0)
 
     pipe = pipeline()
     pipe.build()

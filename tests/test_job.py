@@ -21,6 +21,7 @@ from conftest import BUCKET
 from rayaug import commit, inspect, sampledata
 from rayaug.errors import JobFailed, UsageError
 from rayaug.job import RunOptions, Tally, pool_shape, run_job
+from rayaug.replay import replay
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
 from rayaug.storage import open_location
 
@@ -242,7 +243,7 @@ def test_replay_from_manifest(ray_cluster: str, photo_folder: Path, tmp_path: Pa
     run(spec)
     output = inspect.open_output(open_location(spec.output.uri, spec.storage))
     for sample in sorted(manifest_digests(spec.output.uri))[::17]:
-        result = inspect.replay(output, sample, spec.storage)
+        result = replay(output, sample, spec.storage)
         assert result.matches
         image = inspect.read_images(output.location, spec, result.row["shard"])[sample]
         assert io.BytesIO(image).getvalue() == result.image

@@ -1,0 +1,165 @@
+"""The photometric kernels: apply recorded parameters to a batch, on any device, with Kornia.
+
+Each kernel takes images (B, 3, H, W) in [0, 1] and one parameter dict per image (as drawn by
+`ops`), and returns the new images. A kernel never draws anything: what a sample gets depends
+only on its own parameters, so it comes out the same alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import kornia
+import numpy as np
+import torch
+
+from rayaug.ops import Params
+
+Kernel = Callable[[torch.Tensor, list[Params]], torch.Tensor]
+
+
+def _per_sample(params: list[Params], key: str, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([p[key] for p in params], dtype=like.dtype, device=like.device)
+
+
+def _generator(seed: int) -> torch.Generator:
+    """Noise is drawn on the CPU from a recorded seed, so every device sees the same noise."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    enhance = kornia.enhance
+    return {
+        "brightness": enhance.adjust_brightness_accumulative,
+        "contrast": enhance.adjust_contrast_with_mean_subtraction,
+        "saturation": enhance.adjust_saturation_with_gray_subtraction,
+        "hue": lambda x, f: enhance.adjust_hue(x, f * 2 * math.pi),
+    }
+
+
+# ITU-R 601 luma, as Kornia's grayscale; YIQ for the fused hue rotation about the gray axis.
+_LUMA = np.array([0.299, 0.587, 0.114])
+_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+
+def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray, np.ndarray]:
+    """One jitter step as an affine map of RGB: (3x3 matrix, offset)."""
+    identity, no_offset = np.eye(3), np.zeros(3)
+    if step == "brightness":
+        return factor * identity, no_offset
+    if step == "contrast":
+        return factor * identity, np.full(3, (1 - factor) * mean_gray)
+    if step == "saturation":
+        return factor * identity + (1 - factor) * np.outer(np.ones(3), _LUMA), no_offset
+    angle = factor * 2 * math.pi
+    rotation = np.array(
+        [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
+    )
+    return np.linalg.inv(_YIQ) @ rotation @ _YIQ, no_offset
+
+
+def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    """All four steps as one per-sample affine colour map (one batched matmul).
+
+    Exact without clipping between steps: the contrast step's mean is the mean of an affine
+    image, i.e. the same affine map of the input's mean colour.
+    """
+    means = images.mean(dim=(2, 3)).double().cpu().numpy()
+    matrices, offsets = [], []
+    for mean, p in zip(means, params, strict=True):
+        matrix, offset = np.eye(3), np.zeros(3)
+        for step in p["order"]:
+            mean_gray = float(_LUMA @ (matrix @ mean + offset))
+            step_matrix, step_offset = _fused_step(step, p[step], mean_gray)
+            matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
+        matrices.append(matrix)
+        offsets.append(offset)
+    matrix = torch.tensor(np.stack(matrices), dtype=images.dtype, device=images.device)
+    offset = torch.tensor(np.stack(offsets), dtype=images.dtype, device=images.device)
+    flat = images.flatten(2)
+    return torch.baddbmm(offset[:, :, None], matrix, flat).clamp_(0, 1).view_as(images)
+
+
+def color_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    """Kornia's torchvision-style steps, each sample in its own order (or the fused map)."""
+    if params[0].get("fused"):
+        return _fused_jitter(images, params)
+    images = images.clone()  # updated in place, one subset per step, below
+    steps = _jitter_steps()
+    for position in range(4):
+        for step, fn in steps.items():
+            chosen = [
+                i for i, p in enumerate(params) if p["order"][position : position + 1] == [step]
+            ]
+            if chosen:
+                index = torch.tensor(chosen, device=images.device)
+                factor = _per_sample([params[i] for i in chosen], step, images)
+                images[index] = fn(images[index], factor)
+    return images.clamp(0, 1)
+
+
+def grayscale(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    return kornia.color.rgb_to_grayscale(images).expand(-1, 3, -1, -1).contiguous()
+
+
+def gaussian_blur(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    k = params[0]["kernel_size"]  # one size per call: ops.GaussianBlur.batch_key groups by it
+    sigma = _per_sample(params, "sigma", images)[:, None].expand(-1, 2)
+    return kornia.filters.gaussian_blur2d(images, (k, k), sigma, border_type="reflect")
+
+
+def gaussian_noise(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    shape = images.shape[1:]
+    noise = torch.stack([torch.randn(shape, generator=_generator(p["noise_seed"])) for p in params])
+    mean, std = (_per_sample(params, k, images)[:, None, None, None] for k in ("mean", "std"))
+    return (images + noise.to(images.device) * std + mean).clamp(0, 1)
+
+
+def salt_and_pepper(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    shape = (1, *images.shape[2:])
+    u = torch.stack([torch.rand(shape, generator=_generator(p["noise_seed"])) for p in params])
+    u = u.to(images.device)
+    amount = _per_sample(params, "amount", images)[:, None, None, None]
+    salt = amount * _per_sample(params, "salt_vs_pepper", images)[:, None, None, None]
+    images = torch.where(u < salt, torch.ones_like(images), images)
+    return torch.where((u >= salt) & (u < amount), torch.zeros_like(images), images)
+
+
+def erasing(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    images = images.clone()
+    for image, p in zip(images, params, strict=True):
+        x0, y0, w, h = p["box"]
+        image[:, y0 : y0 + h, x0 : x0 + w] = p["value"]
+    return images
+
+
+def sharpness(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    return kornia.enhance.sharpness(images, _per_sample(params, "factor", images))
+
+
+def posterize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    bits = torch.tensor([p["bits"] for p in params], device=images.device)
+    return kornia.enhance.posterize(images, bits)
+
+
+def solarize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    return kornia.enhance.solarize(images, _per_sample(params, "threshold", images))
+
+
+def equalize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    return kornia.enhance.equalize(images)
+
+
+KERNELS: dict[str, Kernel] = {
+    "color_jitter": color_jitter,
+    "grayscale": grayscale,
+    "gaussian_blur": gaussian_blur,
+    "gaussian_noise": gaussian_noise,
+    "salt_and_pepper": salt_and_pepper,
+    "erasing": erasing,
+    "sharpness": sharpness,
+    "posterize": posterize,
+    "solarize": solarize,
+    "equalize": equalize,
+}

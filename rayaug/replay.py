@@ -1,0 +1,36 @@
+"""Replay: regenerate one sample from its manifest row and its source bytes alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from rayaug import sources
+from rayaug.augment import Augmenter, pick_device
+from rayaug.inspect import Output, find_row
+from rayaug.ops import from_records
+from rayaug.spec import StorageSpec
+from rayaug.storage import open_location
+
+
+@dataclass(frozen=True)
+class Replay:
+    row: dict
+    image: bytes
+
+    @property
+    def matches(self) -> bool:
+        return hashlib.sha256(self.image).hexdigest() == self.row["sha256"]
+
+
+def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
+    """Regenerate one sample from its manifest row and its source bytes alone."""
+    row = find_row(output.location, sample)
+    source_location = open_location(output.spec.input.uri, storage)
+    source = sources.read_one(
+        source_location, output.spec.input, output.plan.format, row["source_uri"], row["source_key"]
+    )
+    augmenter = Augmenter(output.spec, pick_device(1 if row["device"] == "cuda" else 0))
+    image = augmenter.replay(source, row["view"], row["seed"], from_records(json.loads(row["ops"])))
+    return Replay(row, image)
