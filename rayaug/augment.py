@@ -19,7 +19,14 @@ import torch
 from rayaug import codec
 from rayaug.kernels import KERNELS
 from rayaug.ops import Applied, Canvas, GeometricOp, Op, decode_reduction, draw_ops
-from rayaug.records import AugmentedSample, Quarantined, ShardOutput, SourceSample, sample_seed
+from rayaug.records import (
+    SHARED_VIEW,
+    AugmentedSample,
+    Quarantined,
+    ShardOutput,
+    SourceSample,
+    sample_seed,
+)
 from rayaug.spec import JobSpec
 
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
@@ -114,9 +121,9 @@ class Augmenter:
         def load() -> _Item:
             opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
             seed = sample_seed(self.spec.seed, source.key, view)
-            return self._load(
-                source, view, seed, draw_ops(self.pipeline, seed, opened.canvas), opened
-            )
+            shared = sample_seed(self.spec.seed, source.key, SHARED_VIEW)
+            applied = draw_ops(self.pipeline, seed, opened.canvas, source_seed=shared)
+            return self._load(source, view, seed, applied, opened)
 
         return _attempt(output, source.key, view, "decode", load)
 
@@ -155,16 +162,19 @@ class Augmenter:
     def _run_items(self, items: list[_Item]) -> None:
         positions = sorted({step.position for item in items for step in item.applied})
         for position in positions:
-            steps = [
-                (item, step) for item in items for step in item.applied if step.position == position
-            ]
-            if issubclass(steps[0][1].op, GeometricOp):
-                for item, step in steps:
-                    matrix, item.canvas = step.op.matrix(step.params, item.canvas)
-                    item.pending = matrix @ item.pending
-            else:
-                _warp([item for item, _ in steps])
-                self._photometric(steps)
+            by_op: dict[str, list[tuple[_Item, Applied]]] = defaultdict(list)
+            for item in items:
+                for step in item.applied:
+                    if step.position == position:
+                        by_op[step.name].append((item, step))
+            for steps in by_op.values():  # one op per sample and position: any order will do
+                if issubclass(steps[0][1].op, GeometricOp):
+                    for item, step in steps:
+                        matrix, item.canvas = step.op.matrix(step.params, item.canvas)
+                        item.pending = matrix @ item.pending
+                else:
+                    _warp([item for item, _ in steps])
+                    self._photometric(steps)
         _warp(items)
 
     @staticmethod

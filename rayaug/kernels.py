@@ -151,6 +151,17 @@ def equalize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
     return kornia.enhance.equalize(images)
 
 
+def autocontrast(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    low = images.amin(dim=(2, 3), keepdim=True)
+    high = images.amax(dim=(2, 3), keepdim=True)
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+    return torch.where(high > low, (images - low) / span, images).clamp(0, 1)
+
+
+def invert(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    return 1 - images
+
+
 KERNELS: dict[str, Kernel] = {
     "color_jitter": color_jitter,
     "grayscale": grayscale,
@@ -162,4 +173,6 @@ KERNELS: dict[str, Kernel] = {
     "posterize": posterize,
     "solarize": solarize,
     "equalize": equalize,
+    "autocontrast": autocontrast,
+    "invert": invert,
 }

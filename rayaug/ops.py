@@ -61,12 +61,17 @@ class Op(BaseModel):
     """An op's configuration (from the spec) and its behaviour."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: ClassVar[Literal["geometric", "photometric"]]
+    kind: ClassVar[Literal["geometric", "photometric", "composite"]]
     p: float = Field(1.0, ge=0, le=1, description="probability that a sample gets this op")
+    same_on_views: bool = Field(False, description="draw once per source: every view alike")
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
         """The op's random parameters for one sample on a canvas of the given size."""
         return {}
+
+    def steps(self, rng: np.random.Generator, canvas: Canvas) -> list[tuple[str, Params]]:
+        """The catalogue ops this op applies, with their parameters (composites: several)."""
+        return [(self.name, self.draw(rng, canvas))]
 
 
 class GeometricOp(Op):
@@ -528,15 +533,25 @@ class Equalize(PhotometricOp):
     name: Literal["equalize"] = "equalize"
 
 
+class AutoContrast(PhotometricOp):
+    """Stretch each channel to the full range (PIL's autocontrast)."""
+
+    name: Literal["autocontrast"] = "autocontrast"
+
+
+class Invert(PhotometricOp):
+    name: Literal["invert"] = "invert"
+
+
 GEOMETRIC = (Resize, CenterCrop, RandomCrop, RandomResizedCrop, HorizontalFlip, VerticalFlip)
 GEOMETRIC += (Rotation, Affine, Perspective)
 PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, GaussianNoise, SaltAndPepper, Erasing)
-PHOTOMETRIC += (Sharpness, Posterize, Solarize, Equalize)
+PHOTOMETRIC += (Sharpness, Posterize, Solarize, Equalize, AutoContrast, Invert)
 CATALOGUE: dict[str, type[Op]] = {
     cls.model_fields["name"].default: cls for cls in GEOMETRIC + PHOTOMETRIC
 }
 
-AnyOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  # noqa: UP007
+CatalogueOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  # noqa: UP007
 
 
 # ---------------------------------------------------------------- per-sample plans
@@ -544,9 +559,12 @@ AnyOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  
 
 @dataclass(frozen=True)
 class Applied:
-    """One op applied to one sample: its place in the pipeline and its drawn parameters."""
+    """One op applied to one sample: its place in the pipeline and its drawn parameters.
 
-    position: int
+    `position` is (index in the pipeline, index among the steps a composite op expanded to).
+    """
+
+    position: tuple[int, int]
     name: str
     params: Params
 
@@ -558,23 +576,35 @@ class Applied:
         return {"op": self.name, "params": self.params}
 
 
-def draw_ops(pipeline: Sequence[Op], seed: int, canvas: Canvas) -> list[Applied]:
-    """Every random choice for one sample, from its seed alone (each op its own stream)."""
+def advance(name: str, params: Params, canvas: Canvas) -> Canvas:
+    """The canvas size after one catalogue op."""
+    op = CATALOGUE[name]
+    return op.matrix(params, canvas)[1] if issubclass(op, GeometricOp) else canvas
+
+
+def draw_ops(
+    pipeline: Sequence[Op], seed: int, canvas: Canvas, source_seed: int | None = None
+) -> list[Applied]:
+    """Every random choice for one sample, from its seed alone (each op its own stream).
+
+    An op with `same_on_views` draws from `source_seed` (the same for every view of a
+    source) instead; without one, the sample is planned on its own.
+    """
     applied = []
     for position, op in enumerate(pipeline):
-        rng = np.random.default_rng([seed, position])
+        shared = op.same_on_views and source_seed is not None
+        rng = np.random.default_rng([source_seed if shared else seed, position])
         if rng.random() >= op.p:
             continue
-        params = op.draw(rng, canvas)
-        applied.append(Applied(position, op.name, params))
-        if isinstance(op, GeometricOp):
-            canvas = op.matrix(params, canvas)[1]
+        for sub, (name, params) in enumerate(op.steps(rng, canvas)):
+            applied.append(Applied((position, sub), name, params))
+            canvas = advance(name, params, canvas)
     return applied
 
 
 def from_records(records: list[dict[str, Any]]) -> list[Applied]:
     """The manifest's `ops` back into a plan (positions are the order they were applied in)."""
-    return [Applied(i, r["op"], r["params"]) for i, r in enumerate(records)]
+    return [Applied((i, 0), r["op"], r["params"]) for i, r in enumerate(records)]
 
 
 def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> np.ndarray:

@@ -11,6 +11,10 @@ def sample_id(source_key: str, view: int) -> str:
     return f"{source_key}#{view}"
 
 
+# The seed of what all views of a source share (ops with `same_on_views`).
+SHARED_VIEW = -1
+
+
 def sample_seed(job_seed: int, source_key: str, view: int) -> int:
     """The seed of one output sample: depends on nothing but the job seed, key and view."""
     digest = hashlib.blake2b(f"{job_seed}\0{source_key}\0{view}".encode(), digest_size=8)

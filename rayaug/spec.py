@@ -12,7 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rayaug.errors import SpecError
-from rayaug.ops import AnyOp, Resize
+from rayaug.ops import Resize
+from rayaug.policies import AnyOp
 
 SPEC_VERSION = 1
 

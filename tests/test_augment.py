@@ -60,6 +60,19 @@ ALL_OPS = [
     {"name": "posterize", "bits": [3, 7], "p": 0.5},
     {"name": "solarize", "threshold": [0.4, 0.9], "p": 0.5},
     {"name": "equalize", "p": 0.5},
+    {"name": "autocontrast", "p": 0.5},
+    {"name": "invert", "p": 0.3},
+    {"name": "one_of", "p": 0.5, "ops": [{"name": "vertical_flip", "p": 1}, {"name": "equalize"}]},
+    {
+        "name": "some_of",
+        "n": 2,
+        "p": 0.5,
+        "ops": [{"name": "solarize"}, {"name": "posterize"}, {"name": "rotation", "degrees": 5}],
+    },
+    {"name": "rand_augment", "p": 0.5},
+    {"name": "trivial_augment", "p": 0.5},
+    {"name": "auto_augment", "p": 0.5},
+    {"name": "random_crop", "size": 40, "p": 0.5, "same_on_views": True},
 ]
 
 

@@ -50,9 +50,14 @@ CONFIGS: dict[str, dict] = {
     "posterize": {"bits": [2, 8]},
     "solarize": {"threshold": [0.3, 0.9]},
     "equalize": {},
+    "autocontrast": {},
+    "invert": {},
 }
 # Ops whose parameters do not depend on the random stream at all.
-FIXED = {"resize", "center_crop", "horizontal_flip", "vertical_flip", "grayscale", "equalize"}
+FIXED = {
+    "resize", "center_crop", "horizontal_flip", "vertical_flip", "grayscale", "equalize",
+    "autocontrast", "invert",
+}
 CANVAS = (96, 128)  # (height, width)
 SEEDS = range(40)
 
@@ -115,7 +120,7 @@ def test_draw_ops_depends_on_the_seed_alone() -> None:
         # applied ops come in pipeline order, each at its own position, with its own name
         positions = [step.position for step in plan]
         assert positions == sorted(set(positions))
-        assert all(pipeline[s.position].name == s.name for s in plan)
+        assert all(pipeline[s.position[0]].name == s.name for s in plan)
     assert len({json.dumps([s.record() for s in plan]) for plan in plans}) == len(plans)
     counts = {name: sum(s.name == name for plan in plans for s in plan) for name in CONFIGS}
     assert all(0 < n < len(plans) for n in counts.values()), counts  # p=0.5 both ways
@@ -131,8 +136,8 @@ def _canvases(pipeline: list[Op], plan: list[Applied], canvas: tuple[int, int]) 
     """The canvas each applied op was drawn on."""
     seen = {}
     for step in plan:
-        seen[step.position] = canvas
-        if isinstance(pipeline[step.position], GeometricOp):
+        seen[step.position[0]] = canvas
+        if isinstance(pipeline[step.position[0]], GeometricOp):
             canvas = step.op.matrix(step.params, canvas)[1]
     return seen
 
@@ -148,7 +153,7 @@ def test_each_op_has_its_own_random_stream() -> None:
                 pipeline = _full_pipeline(p=1.0)
                 pipeline[k] = pipeline[k].model_copy(update={"p": p})
                 plan = draw_ops(pipeline, seed, CANVAS)
-                plans.append({s.position: s for s in plan})
+                plans.append({s.position[0]: s for s in plan})
                 canvases.append(_canvases(pipeline, plan, CANVAS))
             without, with_k = plans
             assert k not in without and k in with_k
@@ -174,7 +179,7 @@ def test_records_replay_to_the_same_plan() -> None:
     plan = draw_ops(_full_pipeline(p=0.5), 5, CANVAS)
     replayed = from_records(json.loads(json.dumps([s.record() for s in plan])))
     assert [(s.name, s.params) for s in replayed] == [(s.name, s.params) for s in plan]
-    assert [s.position for s in replayed] == list(range(len(plan)))  # the order applied
+    assert [s.position for s in replayed] == [(i, 0) for i in range(len(plan))]  # the order applied
     assert decode_reduction(replayed, (960, 1280)) == decode_reduction(plan, (960, 1280))
 
 
