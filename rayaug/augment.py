@@ -136,9 +136,15 @@ class Augmenter:
         opened: codec.Opened,
     ) -> _Item:
         reduction = decode_reduction(applied, opened.canvas)
-        pixels = codec.decode(opened, reduction)
-        image = torch.from_numpy(pixels).to(self.device).permute(2, 0, 1).to(torch.float32) / 255
-        pending = _rescale(pixels.shape[:2], opened.canvas) if reduction > 1 else np.eye(3)
+        image = codec.decode_on_device(source.data or b"", opened, reduction, self.device)
+        if image is None:
+            pixels = torch.from_numpy(codec.decode(opened, reduction))
+            if self.device.type == "cuda":  # pinned: the copy overlaps the next decode
+                pixels = pixels.pin_memory()
+            pixels = pixels.to(self.device, non_blocking=True)
+            image = pixels.permute(2, 0, 1).to(torch.float32) / 255
+        reduced = tuple(image.shape[1:])
+        pending = _rescale(reduced, opened.canvas) if reduction > 1 else np.eye(3)
         return _Item(
             source.key,
             source.uri,
@@ -191,9 +197,11 @@ class Augmenter:
 
     def _encode(self, item: _Item) -> AugmentedSample:
         pixels = (item.image * 255).round().clamp(0, 255).to(torch.uint8)
-        array = pixels.permute(1, 2, 0).contiguous().cpu().numpy()
         output = self.spec.output
-        data = codec.encode(array, output.image_format, output.quality)
+        data = codec.encode_on_device(pixels, output.image_format, output.quality)
+        if data is None:
+            array = pixels.permute(1, 2, 0).contiguous().cpu().numpy()
+            data = codec.encode(array, output.image_format, output.quality)
         return AugmentedSample(
             source_key=item.source_key,
             source_uri=item.source_uri,
@@ -203,8 +211,8 @@ class Augmenter:
             ops=[step.record() for step in item.applied],
             source_size=item.source_size,
             image=data,
-            height=array.shape[0],
-            width=array.shape[1],
+            height=pixels.shape[1],
+            width=pixels.shape[2],
         )
 
 

@@ -1,12 +1,17 @@
-"""Image decode and encode with Pillow: any mode in, 8-bit RGB out; reduced-scale JPEG decode."""
+"""Image decode and encode: Pillow (any mode in, 8-bit RGB out, reduced-scale JPEG decode),
+and nvJPEG through torchvision on a CUDA device when torchvision imports beside torch."""
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 # EXIF orientations 5-8 swap width and height.
@@ -16,7 +21,6 @@ _ENCODE_OPTIONS = {
     "png": lambda quality: {"format": "PNG", "compress_level": 3},
     "webp": lambda quality: {"format": "WEBP", "quality": quality, "method": 4},
 }
-EXTENSIONS = {"jpeg": "jpg", "png": "png", "webp": "webp"}
 
 
 class DecodeError(Exception):
@@ -29,6 +33,7 @@ class Opened:
 
     image: Image.Image
     canvas: tuple[int, int]  # (height, width) after EXIF orientation
+    orientation: int = 1  # the EXIF orientation tag
 
 
 def open_image(data: bytes, max_pixels: int) -> Opened:
@@ -42,8 +47,10 @@ def open_image(data: bytes, max_pixels: int) -> Opened:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # checked below
             image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError as error:
-        raise DecodeError(f"not a readable image: {error}") from None
+    except UnidentifiedImageError:  # its message holds a memory address: not reproducible
+        raise DecodeError(
+            f"not a readable image: no known image format in its {len(data)} bytes"
+        ) from None
     except Image.DecompressionBombError as error:  # over twice Pillow's limit ≥ max_pixels
         raise DecodeError(f"image exceeds max_pixels={max_pixels}: {error}") from None
     except (OSError, ValueError) as error:
@@ -57,7 +64,8 @@ def open_image(data: bytes, max_pixels: int) -> Opened:
         orientation = image.getexif().get(0x0112, 1)
     except (OSError, ValueError, SyntaxError) as error:
         raise DecodeError(f"cannot decode: {error}") from None
-    return Opened(image, (width, height) if orientation in _TRANSPOSED else (height, width))
+    canvas = (width, height) if orientation in _TRANSPOSED else (height, width)
+    return Opened(image, canvas, orientation)
 
 
 def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
@@ -100,3 +108,48 @@ def encode(pixels: np.ndarray, image_format: str, quality: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buffer, **_ENCODE_OPTIONS[image_format](quality))
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- nvJPEG on a CUDA device
+
+
+@functools.cache
+def _torchvision_io() -> ModuleType | None:
+    """torchvision.io when it imports beside this torch (PyPI's may not: it stays optional)."""
+    try:
+        from torchvision import io as tvio
+    except Exception:  # noqa: BLE001 - missing, or built for another torch: use Pillow
+        return None
+    return tvio
+
+
+def decode_on_device(
+    data: bytes, opened: Opened, reduction: int, device: torch.device
+) -> torch.Tensor | None:
+    """(3, H, W) float in [0, 1] on a CUDA device, decoded by nvJPEG and box-filtered by
+    `reduction` like the Pillow path; None when nvJPEG does not apply (not a plain JPEG,
+    EXIF-rotated, no torchvision): the caller decodes with Pillow then."""
+    tvio = _torchvision_io()
+    plain_jpeg = opened.image.format == "JPEG" and opened.image.mode in ("RGB", "L")
+    if device.type != "cuda" or tvio is None or not plain_jpeg or opened.orientation != 1:
+        return None
+    try:
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        image = tvio.decode_jpeg(raw, mode=tvio.ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        return None
+    image = image.to(torch.float32) / 255
+    if reduction > 1:
+        image = F.avg_pool2d(image[None], reduction, ceil_mode=True)[0]
+    return image
+
+
+def encode_on_device(pixels: torch.Tensor, image_format: str, quality: int) -> bytes | None:
+    """JPEG-encode (3, H, W) uint8 on a CUDA device with nvJPEG; None when that does not apply."""
+    tvio = _torchvision_io()
+    if pixels.device.type != "cuda" or tvio is None or image_format != "jpeg":
+        return None
+    try:
+        return tvio.encode_jpeg(pixels, quality=quality).cpu().numpy().tobytes()
+    except RuntimeError:
+        return None

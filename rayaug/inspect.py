@@ -188,8 +188,7 @@ def read_images(out: Location, spec: JobSpec, shard: str) -> dict[str, bytes]:
         for member in archive:
             stem, _, extension = member.name.partition(".")
             members[stem][extension] = archive.extractfile(member).read()
-    image_ext = {"jpeg": "jpg", "png": "png", "webp": "webp"}[spec.output.image_format]
-    return {json.loads(m["json"])["sample_id"]: m[image_ext] for m in members.values()}
+    return {json.loads(m["json"])["sample_id"]: m[spec.output.extension] for m in members.values()}
 
 
 def verify(output: Output) -> list[str]:
@@ -272,3 +271,226 @@ def find_row(out: Location, sample: str) -> dict:
     if matches.num_rows == 0:
         raise UsageError(f"no committed sample {sample!r} in {out.uri}")
     return matches.to_pylist()[0]
+
+
+# ---------------------------------------------------------------- SQL over the manifest
+
+# One row per applied op of every sample: position in its ops list, name, drawn params (JSON).
+APPLIED_OPS_VIEW = """
+CREATE VIEW applied_ops AS
+SELECT m.sample_id, m.source_key, m.view, m.label,
+       CAST(o.key AS INTEGER) AS position,
+       o.value ->> 'op' AS op,
+       o.value -> 'params' AS params
+FROM manifest AS m, json_each(m.ops) AS o
+"""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple]
+    truncated: bool  # more rows than max_rows were produced
+
+
+def query(out: Location, sql: str, max_rows: int | None = None) -> QueryResult:
+    """Run `sql` with DuckDB over the committed output.
+
+    Tables: `manifest` (the manifest rows; `ops` typed JSON), `errors` (the quarantine) and
+    the view `applied_ops` (sample_id, source_key, view, label, position, op, params JSON).
+    A bad query raises UsageError with DuckDB's message on one line.
+    """
+    import duckdb
+
+    if not sql.strip():
+        raise UsageError("empty query")
+    con = duckdb.connect()
+    try:
+        _register(con, manifests(out), quarantine(out))
+        cursor = con.execute(sql)
+        if cursor.description is None:  # a statement without a result (SET, CREATE ...)
+            return QueryResult([], [], False)
+        columns = [d[0] for d in cursor.description]
+        rows = cursor.fetchall() if max_rows is None else cursor.fetchmany(max_rows + 1)
+    except duckdb.Error as error:
+        raise UsageError(f"query failed: {_one_line(str(error))}") from None
+    finally:
+        con.close()
+    truncated = max_rows is not None and len(rows) > max_rows
+    return QueryResult(columns, rows[:max_rows] if truncated else rows, truncated)
+
+
+def _register(con, manifest: pa.Table, errors: pa.Table) -> None:
+    con.register("_manifest_arrow", manifest)
+    con.register("_errors_arrow", errors)
+    con.execute("CREATE VIEW manifest AS SELECT * REPLACE (ops::JSON AS ops) FROM _manifest_arrow")
+    con.execute("CREATE VIEW errors AS SELECT * FROM _errors_arrow")
+    con.execute(APPLIED_OPS_VIEW)
+
+
+def _one_line(message: str) -> str:
+    """DuckDB's message without its source excerpt ('LINE 1: ...' and the caret line)."""
+    head = message.split("\n\nLINE ", 1)[0]
+    return " ".join(line.strip() for line in head.splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------- statistics for audits
+
+
+def statistics(output: Output, bins: int = 10) -> dict:
+    """Per-op application rates with parameter histograms, and label balance before/after."""
+    table = manifests(output.location)
+    errors = quarantine(output.location)
+    samples = table.num_rows
+    return {
+        "samples": samples,
+        "quarantined": errors.num_rows,
+        "ops": _op_histograms(table.column("ops").to_pylist(), samples, output.spec, bins),
+        "labels": label_balance(output, table, errors),
+    }
+
+
+def _expected_rates(spec: JobSpec) -> dict[str, float]:
+    """The spec's probability of each op that appears once in the pipeline under its own name."""
+    pairs = [(getattr(op, "name", None), getattr(op, "p", None)) for op in spec.pipeline()]
+    names = Counter(name for name, _ in pairs)
+    return {
+        name: float(p)
+        for name, p in pairs
+        if name is not None and names[name] == 1 and isinstance(p, float | int)
+    }
+
+
+def _op_histograms(ops_json: list[str], samples: int, spec: JobSpec, bins: int) -> dict:
+    applied: Counter = Counter()
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in ops_json:
+        for step in json.loads(record):
+            applied[step["op"]] += 1
+            for name, value in _numbers(step["params"]):
+                values[step["op"]][name].append(value)
+    expected = _expected_rates(spec)
+    # Ops of the spec that no sample got are listed too: a rate of 0 is a finding.
+    names = list(dict.fromkeys([*(getattr(op, "name", "") for op in spec.pipeline()), *applied]))
+    return {
+        op: {
+            "applied": applied[op],
+            "rate": round(applied[op] / samples, 4) if samples else 0.0,
+            "expected_rate": expected.get(op),
+            "params": {name: _histogram(v, bins) for name, v in sorted(values[op].items())},
+        }
+        for op in names
+        if op
+    }
+
+
+def _histogram(values: list[float], bins: int) -> dict:
+    """min/max/mean and `bins` equal-width counts over [min, max] (one bin if constant)."""
+    import numpy as np
+
+    array = np.asarray(values, dtype=np.float64)
+    low, high = float(array.min()), float(array.max())
+    counts, edges = np.histogram(array, bins=bins if high > low else 1)
+    return {
+        "count": len(values),
+        "min": low,
+        "max": high,
+        "mean": float(array.mean()),
+        "edges": [float(e) for e in edges],
+        "counts": [int(c) for c in counts],
+    }
+
+
+def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
+    """Class counts of the source images (before) against those of the output samples (after).
+
+    Sources: for an image folder, every planned file's sub-folder (the input listing); else the
+    distinct source keys of the manifest and the quarantine (a source quarantined in every view
+    has no known label: `null`). `kept` is samples / (sources x views).
+    """
+    views = output.spec.views
+    if output.plan.format == "folder":
+        files = [path for unit in output.plan.units for path in unit.files]
+        before = Counter(path.split("/", 1)[0] if "/" in path else None for path in files)
+        basis = "input listing (folder labels)"
+    else:
+        before = _source_labels(table, errors)
+        basis = "source keys in manifests and quarantine"
+    after = Counter(table.column("label").to_pylist())
+    sources, samples = sum(before.values()), sum(after.values())
+    classes = [
+        {
+            "label": label,
+            "sources": before[label],
+            "source_share": round(before[label] / sources, 4) if sources else 0.0,
+            "samples": after[label],
+            "sample_share": round(after[label] / samples, 4) if samples else 0.0,
+            "kept": round(after[label] / (before[label] * views), 4) if before[label] else None,
+        }
+        for label in sorted(set(before) | set(after), key=lambda x: (x is None, str(x)))
+    ]
+    return {
+        "basis": basis,
+        "views": views,
+        "sources": sources,
+        "samples": samples,
+        "classes": classes,
+    }
+
+
+def _source_labels(table: pa.Table, errors: pa.Table) -> Counter:
+    labels: dict[str, str | None] = {}
+    for key in errors.column("source_key").to_pylist():
+        labels.setdefault(key, None)
+    for key, label in zip(
+        table.column("source_key").to_pylist(), table.column("label").to_pylist(), strict=True
+    ):
+        labels[key] = label
+    return Counter(labels.values())
+
+
+def plot_statistics(stats: dict, path: str) -> None:
+    """A PNG: one histogram per varying op parameter, and the label balance bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        (op, name, hist)
+        for op, entry in stats["ops"].items()
+        for name, hist in entry["params"].items()
+        if hist["max"] > hist["min"]
+    ]
+    columns = 4
+    rows = -(-len(panels) // columns) + 1
+    figure = plt.figure(figsize=(4 * columns, 2.6 * rows + 0.6), layout="constrained")
+    grid = figure.add_gridspec(rows, columns)
+    for i, (op, name, hist) in enumerate(panels):
+        axes = figure.add_subplot(grid[i // columns, i % columns])
+        edges = hist["edges"]
+        axes.stairs(hist["counts"], edges, fill=True, color="tab:blue", alpha=0.8)
+        rate = stats["ops"][op]["rate"]
+        axes.set_title(f"{op}.{name}  (applied {rate:.0%})", fontsize=9)
+        axes.tick_params(labelsize=8)
+    _plot_labels(figure.add_subplot(grid[rows - 1, :]), stats["labels"])
+    figure.suptitle(
+        f"rayaug: {stats['samples']} samples, {stats['quarantined']} quarantined", fontsize=11
+    )
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _plot_labels(axes, labels: dict, limit: int = 40) -> None:
+    import numpy as np
+
+    classes = sorted(labels["classes"], key=lambda c: -c["sources"])[:limit]
+    x = np.arange(len(classes))
+    axes.bar(x - 0.2, [c["source_share"] for c in classes], 0.4, label="sources (before)")
+    axes.bar(x + 0.2, [c["sample_share"] for c in classes], 0.4, label="samples (after)")
+    axes.set_xticks(x, [str(c["label"]) for c in classes], rotation=30, ha="right", fontsize=8)
+    axes.set_ylabel("share")
+    more = len(labels["classes"]) - len(classes)
+    suffix = f" (top {limit} of {len(labels['classes'])})" if more > 0 else ""
+    axes.set_title(f"label balance{suffix}", fontsize=9)
+    axes.legend(fontsize=8)

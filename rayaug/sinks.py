@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayaug import commit
-from rayaug.codec import EXTENSIONS
 from rayaug.records import AugmentedSample, Quarantined, ShardOutput
 from rayaug.spec import OutputSpec
 from rayaug.storage import Location
@@ -129,7 +128,7 @@ def _data_bytes(samples: list[AugmentedSample], shard: str, context: WriteContex
         )
         # Encoded images do not compress: zstd over them would only cost CPU.
         return _parquet_bytes(_table(rows, schema), compression="none")
-    return _tar_bytes(samples, shard, EXTENSIONS[context.output.image_format])
+    return _tar_bytes(samples, shard, context.output.extension)
 
 
 def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> bytes:

@@ -42,6 +42,11 @@ class OutputSpec(Model):
     )
     shard_size: int = Field(256, ge=1, le=100_000, description="source images per output shard")
 
+    @property
+    def extension(self) -> str:
+        """The file extension of an output image (a WebDataset member's suffix)."""
+        return {"jpeg": "jpg", "png": "png", "webp": "webp"}[self.image_format]
+
     @field_validator("size", mode="before")
     @classmethod
     def _square(cls, value: object) -> object:

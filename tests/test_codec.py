@@ -11,10 +11,12 @@ import zlib
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from rayaug import codec
 from rayaug.codec import DecodeError
+from rayaug.spec import OutputSpec
 
 MAX_PIXELS = 100_000_000  # the spec's default
 
@@ -303,7 +305,16 @@ def test_identical_pixels_give_identical_bytes(image_format: str) -> None:
     decoded = Image.open(io.BytesIO(first))
     assert decoded.format == {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}[image_format]
     assert decoded.size == (64, 48) and decoded.mode == "RGB"
-    assert codec.EXTENSIONS[image_format] in {"jpg", "png", "webp"}
+    assert OutputSpec(uri="o", image_format=image_format).extension in {"jpg", "png", "webp"}
+
+
+def test_device_codec_steps_aside_where_nvjpeg_does_not_apply() -> None:
+    """On the CPU (or for a PNG, or a rotated JPEG) the Pillow path is taken: None, not a stub."""
+    data = _save(Image.fromarray(_gradient(32, 48)), "JPEG")
+    opened = codec.open_image(data, 10**8)
+    assert codec.decode_on_device(data, opened, 1, torch.device("cpu")) is None
+    pixels = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    assert codec.encode_on_device(pixels, "jpeg", 90) is None
 
 
 def test_png_round_trip_is_lossless_and_quality_matters_for_jpeg() -> None:
