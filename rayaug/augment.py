@@ -16,15 +16,24 @@ import kornia
 import numpy as np
 import torch
 
-from rayaug import codec
+from rayaug import codec, targets
 from rayaug.kernels import KERNELS
-from rayaug.ops import Applied, Canvas, GeometricOp, Op, decode_reduction, draw_ops
+from rayaug.ops import (
+    Applied,
+    Canvas,
+    GeometricOp,
+    Op,
+    composed_warp,
+    decode_reduction,
+    draw_ops,
+)
 from rayaug.records import (
     SHARED_VIEW,
     AugmentedSample,
     Quarantined,
     ShardOutput,
     SourceSample,
+    Targets,
     sample_seed,
 )
 from rayaug.spec import JobSpec
@@ -53,6 +62,7 @@ class _Item:
     image: torch.Tensor  # (3, H, W) float in [0, 1] on the device
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: np.eye(3))
+    targets: Targets | None = None
 
     def __post_init__(self) -> None:
         self._start = (self.image, self.canvas, self.pending)
@@ -156,6 +166,7 @@ class Augmenter:
             image,
             opened.canvas,
             pending,
+            source.targets,
         )
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
@@ -213,7 +224,15 @@ class Augmenter:
             image=data,
             height=pixels.shape[1],
             width=pixels.shape[2],
+            targets=self._moved_targets(item, (pixels.shape[1], pixels.shape[2])),
         )
+
+    @staticmethod
+    def _moved_targets(item: _Item, canvas: Canvas) -> Targets | None:
+        if item.targets is None:
+            return None
+        matrix = composed_warp(item.applied, item.source_size)
+        return targets.move(item.targets, matrix, item.source_size, canvas)
 
 
 def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:

@@ -607,12 +607,15 @@ def from_records(records: list[dict[str, Any]]) -> list[Applied]:
     return [Applied((i, 0), r["op"], r["params"]) for i, r in enumerate(records)]
 
 
-def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> np.ndarray:
-    """The fused homography of the geometric ops before the first photometric one."""
+def composed_warp(applied: Sequence[Applied], canvas: Canvas, leading_only: bool = False):
+    """The fused homography of the geometric ops: all of them (what labels go through), or
+    only those before the first photometric op (what the decode can shrink for)."""
     matrix = np.eye(3)
     for step in applied:
         if step.op.kind != "geometric":
-            break
+            if leading_only:
+                break
+            continue
         step_matrix, canvas = step.op.matrix(step.params, canvas)
         matrix = step_matrix @ matrix
     return matrix
@@ -623,7 +626,7 @@ def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
 
     A pure function of the plan, so a replay decodes at the same scale as the job did.
     """
-    linear = leading_warp(applied, canvas)[:2, :2]
+    linear = composed_warp(applied, canvas, leading_only=True)[:2, :2]
     # The least-shrunk direction decides: a mean (sqrt of det) over-shrinks a squashed axis.
     stretch = float(np.linalg.svd(linear, compute_uv=False)[0])
     return max(1, int(1 / stretch + 1e-9)) if stretch > 0 else 1  # k - 1e-15 is still k

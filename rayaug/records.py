@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 def sample_id(source_key: str, view: int) -> str:
     return f"{source_key}#{view}"
@@ -22,6 +24,39 @@ def sample_seed(job_seed: int, source_key: str, view: int) -> int:
 
 
 @dataclass(frozen=True)
+class Targets:
+    """Label targets of one image (see rayaug.targets for how they move)."""
+
+    boxes: list[list[float]] = field(default_factory=list)  # [x0, y0, x1, y1]
+    classes: list[int] = field(default_factory=list)  # one per box
+    keypoints: list[list[float]] = field(default_factory=list)  # [x, y, visibility]
+    mask: bytes | None = None  # a PNG of class ids, the size of the image
+
+    def to_json(self) -> dict:
+        return {
+            "boxes": self.boxes,
+            "classes": self.classes,
+            "keypoints": self.keypoints,
+            "mask": self.mask is not None,
+        }
+
+    @classmethod
+    def parse(cls, data: dict, box_format: str, mask: bytes | None = None) -> Targets:
+        """From `{"boxes", "classes", "keypoints"}` (boxes xyxy or COCO's xywh)."""
+        boxes = [[float(v) for v in box] for box in data.get("boxes") or []]
+        if box_format == "xywh":
+            boxes = [[x, y, x + w, y + h] for x, y, w, h in boxes]
+        classes = [int(c) for c in data.get("classes") or [0] * len(boxes)]
+        if len(classes) != len(boxes) or any(len(b) != 4 for b in boxes):
+            raise ValueError("targets: one class per box, four numbers per box")
+        points = [float(v) for v in np.ravel(data.get("keypoints") or [])]
+        if len(points) % 3:
+            raise ValueError("targets: keypoints are x, y, visibility triples")
+        keypoints = [points[i : i + 3] for i in range(0, len(points), 3)]
+        return cls(boxes, classes, keypoints, mask)
+
+
+@dataclass(frozen=True)
 class SourceSample:
     """One input image as read from storage; a read failure travels as `error`, not as raise."""
 
@@ -30,6 +65,7 @@ class SourceSample:
     data: bytes | None
     label: str | None = None
     error: str | None = None
+    targets: Targets | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +82,7 @@ class AugmentedSample:
     image: bytes
     height: int
     width: int
+    targets: Targets | None = None
 
     @property
     def sample_id(self) -> str:
