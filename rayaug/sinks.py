@@ -41,6 +41,20 @@ MANIFEST_SCHEMA = pa.schema(
         ("device", pa.string()),
         ("rayaug_version", pa.string()),
         ("kornia_version", pa.string()),
+        ("targets", pa.string()),
+    ]
+)
+DATA_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("image", pa.binary()),
+        ("label", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("boxes", pa.list_(pa.list_(pa.float64()))),  # [x0, y0, x1, y1] per box
+        ("classes", pa.list_(pa.int32())),
+        ("keypoints", pa.list_(pa.list_(pa.float64()))),  # [x, y, visibility]
+        ("mask", pa.binary()),  # PNG of class ids
     ]
 )
 # Manifest file metadata: how many sources the shard read, so verify can account for each view.
@@ -114,25 +128,29 @@ def _data_bytes(samples: list[AugmentedSample], shard: str, context: WriteContex
                 "label": s.label,
                 "width": s.width,
                 "height": s.height,
+                **_target_columns(s),
             }
             for s in samples
         ]
-        schema = pa.schema(
-            [
-                ("sample_id", pa.string()),
-                ("image", pa.binary()),
-                ("label", pa.string()),
-                ("width", pa.int32()),
-                ("height", pa.int32()),
-            ]
-        )
         # Encoded images do not compress: zstd over them would only cost CPU.
-        return _parquet_bytes(_table(rows, schema), compression="none")
+        return _parquet_bytes(_table(rows, DATA_SCHEMA), compression="none")
     return _tar_bytes(samples, shard, context.output.extension)
 
 
+def _target_columns(sample: AugmentedSample) -> dict:
+    targets = sample.targets
+    if targets is None:
+        return {"boxes": None, "classes": None, "keypoints": None, "mask": None}
+    return {
+        "boxes": targets.boxes,
+        "classes": targets.classes,
+        "keypoints": targets.keypoints,
+        "mask": targets.mask,
+    }
+
+
 def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> bytes:
-    """WebDataset members `<shard>-<index>.{ext,txt,json}`, with fixed metadata for stable bytes."""
+    """WebDataset members `<shard>-<index>.{ext,txt,json,mask.png}`; fixed metadata: same bytes."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
         for index, sample in enumerate(samples):
@@ -143,9 +161,13 @@ def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> by
                 "view": sample.view,
                 "label": sample.label,
             }
+            if sample.targets is not None:
+                meta |= {k: v for k, v in sample.targets.to_json().items() if k != "mask"}
             members = [(extension, sample.image), ("json", json.dumps(meta).encode())]
             if sample.label is not None:  # text, not `.cls`: webdataset would int() a `.cls`
                 members.insert(1, ("txt", sample.label.encode()))
+            if sample.targets is not None and sample.targets.mask is not None:
+                members.append(("mask.png", sample.targets.mask))
             for suffix, payload in members:
                 info = tarfile.TarInfo(f"{stem}.{suffix}")
                 info.size, info.mode, info.mtime = len(payload), 0o644, 0
@@ -175,6 +197,7 @@ def _manifest_row(
         "device": device,
         "rayaug_version": context.versions["rayaug"],
         "kornia_version": context.versions["kornia"],
+        "targets": None if sample.targets is None else json.dumps(sample.targets.to_json()),
     }
 
 
