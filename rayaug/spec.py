@@ -30,6 +30,12 @@ class InputSpec(Model):
     image_column: str = "image"
     label_column: str | None = "label"
     key_column: str | None = None
+    # Label targets (see the README): a COCO annotation file for an image folder, a tree of
+    # mask PNGs beside it; Parquet columns boxes/classes/keypoints/mask; WebDataset .json and
+    # .mask.png members.
+    annotations: str | None = Field(None, description="COCO JSON, relative to uri or a URI")
+    masks: str | None = Field(None, description="mask PNG tree mirroring the image folder")
+    box_format: Literal["xyxy", "xywh"] = "xyxy"
 
 
 class OutputSpec(Model):
