@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from rayaug.errors import RayaugError, SpecError
 from rayaug.spec import JobSpec, StorageSpec, load_spec
@@ -180,15 +181,50 @@ def status(out_uri: str, as_json: bool, endpoint: str | None) -> None:
 @click.option("--sheet", type=click.Path(dir_okay=False), help="Write a contact sheet PNG.")
 @click.option("--limit", default=24, show_default=True, help="Samples on the contact sheet.")
 @click.option("--verify", is_flag=True, help="Check the commit protocol; exit 1 on any breach.")
+@click.option(
+    "--query", "sql", help="Run SQL (DuckDB) over tables manifest, errors and view applied_ops."
+)
+@click.option(
+    "--max-rows",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Rows of a --query result to print (0: all).",
+)
+@click.option("--stats", is_flag=True, help="Op rates, parameter histograms, label balance.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write the --stats plots as a PNG.")
 @_endpoint_option
 def inspect_command(
-    out_uri: str, as_json: bool, sheet: str | None, limit: int, verify: bool, endpoint: str | None
+    out_uri: str,
+    as_json: bool,
+    sheet: str | None,
+    limit: int,
+    verify: bool,
+    sql: str | None,
+    max_rows: int,
+    stats: bool,
+    plot: str | None,
+    endpoint: str | None,
 ) -> None:
-    """Summary of OUT_URI: samples, labels, per-op statistics, quarantine."""
+    """Summary of OUT_URI: samples, labels, per-op statistics, quarantine.
+
+    With --query, only the query's result (a table, or --json); with --stats (or --plot),
+    histograms of every drawn parameter and the label balance before and after.
+    """
     from rayaug import inspect
 
+    if sql is not None and (stats or plot or sheet or verify):
+        raise click.UsageError("--query cannot be combined with --stats, --plot, --sheet, --verify")
     output, _ = _output(out_uri, endpoint)
+    if sql is not None:
+        _print_query(inspect.query(output.location, sql, max_rows or None), as_json)
+        return
     report = inspect.summary(output)
+    if stats or plot:
+        report["stats"] = inspect.statistics(output)
+    if plot:
+        inspect.plot_statistics(report["stats"], plot)
+        report["plot"] = str(Path(plot))
     if verify:
         report["breaches"] = inspect.verify(output)
     if sheet:
@@ -207,17 +243,22 @@ def _print_summary(report: dict) -> None:
         out_console.print(f"{key:18} {report[key]}")
     labels = ", ".join(f"{k}: {v}" for k, v in list(report["labels"].items())[:12])
     out_console.print(f"{'labels':18} {labels}")
-    table = Table(title="ops", show_edge=False)
-    for column in ("op", "applied", "rate", "parameter ranges"):
-        table.add_column(column)
-    for name, stats in report["ops"].items():
-        ranges = "; ".join(
-            f"{p} {v['min']:.3g}..{v['max']:.3g}" for p, v in stats["params"].items()
-        )
-        table.add_row(name, str(stats["applied"]), f"{stats['rate']:.2f}", ranges)
-    out_console.print(table)
+    if "stats" in report:
+        _print_stats(report["stats"])
+    else:
+        table = Table(title="ops", show_edge=False)
+        for column in ("op", "applied", "rate", "parameter ranges"):
+            table.add_column(column)
+        for name, stats in report["ops"].items():
+            ranges = "; ".join(
+                f"{p} {v['min']:.3g}..{v['max']:.3g}" for p, v in stats["params"].items()
+            )
+            table.add_row(name, str(stats["applied"]), f"{stats['rate']:.2f}", ranges)
+        out_console.print(table)
     for reason, count in report["quarantine_reasons"].items():
         out_console.print(f"quarantined ×{count}: {reason}", markup=False)
+    if "plot" in report:
+        out_console.print(f"plot: {report['plot']}")
     if "sheet" in report:
         out_console.print(f"contact sheet: {report['sheet']}")
     if "breaches" in report:
@@ -225,6 +266,150 @@ def _print_summary(report: dict) -> None:
         out_console.print(verdict)
         for breach in report["breaches"]:
             out_console.print(f"  {breach}", markup=False)
+
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def _sparkline(counts: list[int]) -> str:
+    """One character per bin, its height proportional to the count (any non-zero bin shows)."""
+    top = max(counts) or 1
+    steps = len(_BLOCKS) - 1
+    return "".join(_BLOCKS[-(-c * steps // top)] for c in counts)
+
+
+def _print_stats(stats: dict) -> None:
+    samples = stats["samples"]
+    out_console.print(
+        "ops: applied / samples, rate (the spec's p); parameters: min ▕histogram▏ max",
+        markup=False,
+    )
+    width = max([len(op) for op in stats["ops"]] + [0])
+    pad = max([len(p) for e in stats["ops"].values() for p in e["params"]] + [0])
+    for op, entry in stats["ops"].items():
+        p = "" if entry["expected_rate"] is None else f" (p {entry['expected_rate']:.2f})"
+        out_console.print(
+            f"  {op:{width}} {entry['applied']:>7}/{samples} {entry['rate']:6.1%}{p}", markup=False
+        )
+        for name, hist in entry["params"].items():
+            out_console.print(f"      {name:{pad}} {_histogram_line(hist)}", markup=False)
+    _print_labels(stats["labels"])
+
+
+def _histogram_line(hist: dict) -> str:
+    if hist["max"] == hist["min"]:
+        return f"{hist['min']:>9.4g}  (constant)"
+    bars = _sparkline(hist["counts"])
+    return f"{hist['min']:>9.4g} ▕{bars}▏ {hist['max']:<9.4g} mean {hist['mean']:.4g}"
+
+
+def _print_labels(labels: dict, limit: int = 30) -> None:
+    out_console.print(
+        f"labels: sources ({labels['basis']}) vs output samples; "
+        f"kept = samples / (sources × {labels['views']} views)",
+        markup=False,
+    )
+    table = Table(show_edge=False)
+    for column in ("label", "sources", "share", "samples", "share", "kept"):
+        table.add_column(column, justify="left" if column == "label" else "right")
+    classes = labels["classes"]
+    # Most skewed first when there are many classes, so the rows shown are the ones to look at.
+    if len(classes) > limit:
+        classes = sorted(classes, key=lambda c: -abs(c["sample_share"] - c["source_share"]))
+    for c in classes[:limit]:
+        kept = "" if c["kept"] is None else f"{c['kept']:.0%}"
+        table.add_row(
+            Text(str(c["label"])),
+            str(c["sources"]),
+            f"{c['source_share']:.1%}",
+            str(c["samples"]),
+            f"{c['sample_share']:.1%}",
+            kept,
+        )
+    out_console.print(table)
+    if len(classes) > limit:
+        out_console.print(f"… {len(classes) - limit} more labels (--json lists every one)")
+
+
+def _print_query(result, as_json: bool) -> None:
+    if as_json:
+        rows = [list(row) for row in result.rows]
+        payload = {"columns": result.columns, "rows": rows, "truncated": result.truncated}
+        click.echo(json.dumps(payload, indent=2, default=str))
+        return
+    if not result.columns:
+        out_console.print("ok (no result)")
+        return
+    table = Table(show_edge=False)
+    for column in result.columns:
+        table.add_column(Text(column), overflow="fold")  # long values wrap, never cut
+    for row in result.rows:
+        table.add_row(*(Text("NULL" if v is None else str(v)) for v in row))
+    out_console.print(table)
+    more = " (more rows not shown: raise --max-rows, 0 for all)" if result.truncated else ""
+    out_console.print(f"{len(result.rows)} row{'s' * (len(result.rows) != 1)}{more}")
+
+
+@main.command()
+@click.argument("out_a")
+@click.argument("out_b")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option(
+    "--limit",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Example sample ids per category.",
+)
+@_endpoint_option
+def diff(out_a: str, out_b: str, as_json: bool, limit: int, endpoint: str | None) -> None:
+    """Compare two outputs: spec fields, samples only in one, parameters, bytes.
+
+    Exit 0 when identical, 1 when they differ.
+    """
+    from rayaug.diff import diff_outputs
+
+    result = diff_outputs(_output(out_a, endpoint)[0], _output(out_b, endpoint)[0])
+    report = result.to_json(limit)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        _print_diff(report)
+    sys.exit(0 if result.identical else 1)
+
+
+_DIFF_LINES = {
+    "only_in_a": "samples only in A",
+    "only_in_b": "samples only in B",
+    "params_differ": "parameters differ",
+    "bytes_differ": "bytes differ",
+    "quarantined_only_in_a": "quarantined only in A",
+    "quarantined_only_in_b": "quarantined only in B",
+}
+
+
+def _print_diff(report: dict) -> None:
+    for side in ("a", "b"):
+        info = report[side]
+        done = "done" if info["complete"] else "incomplete"
+        out_console.print(
+            f"{side.upper()}: {info['uri']}  ({info['samples']} samples, {done})", markup=False
+        )
+    changes = report["spec"]
+    out_console.print(f"spec: {len(changes) or 'no'} difference{'s' * (len(changes) != 1)}")
+    for change in changes:
+        a, b = (json.dumps(change[k]) if k in change else "(absent)" for k in ("a", "b"))
+        note = "" if change["affects_output"] else "   (run setting: does not change the output)"
+        out_console.print(f"  {change['path']}: {a} → {b}{note}", markup=False)
+    out_console.print(f"samples in both: {report['in_both']}")
+    for key, title in _DIFF_LINES.items():
+        entry = report[key]
+        out_console.print(f"{title}: {entry['count']}")
+        for example in entry["examples"]:
+            out_console.print(f"  {example}", markup=False)
+        if entry["count"] > len(entry["examples"]) > 0:
+            out_console.print(f"  … {entry['count'] - len(entry['examples'])} more (--limit)")
+    out_console.print("IDENTICAL" if report["identical"] else "DIFFERENT")
 
 
 @main.command()

@@ -286,6 +286,10 @@ FROM manifest AS m, json_each(m.ops) AS o
 """
 
 
+# Manifest columns that hold JSON text: typed JSON in SQL, so `->` and `->>` apply directly.
+_JSON_COLUMNS = ("ops", "targets")
+
+
 @dataclass(frozen=True)
 class QueryResult:
     columns: list[str]
@@ -296,15 +300,17 @@ class QueryResult:
 def query(out: Location, sql: str, max_rows: int | None = None) -> QueryResult:
     """Run `sql` with DuckDB over the committed output.
 
-    Tables: `manifest` (the manifest rows; `ops` typed JSON), `errors` (the quarantine) and
-    the view `applied_ops` (sample_id, source_key, view, label, position, op, params JSON).
+    Tables: `manifest` (the manifest rows; `ops`, `targets` typed JSON), `errors` (the
+    quarantine) and the view `applied_ops` (sample_id, source_key, view, label, position, op,
+    params JSON).
     A bad query raises UsageError with DuckDB's message on one line.
     """
     import duckdb
 
     if not sql.strip():
         raise UsageError("empty query")
-    con = duckdb.connect()
+    # No replacement scans: an unknown table name must not resolve to a Python variable here.
+    con = duckdb.connect(config={"python_enable_replacements": False})
     try:
         _register(con, manifests(out), quarantine(out))
         cursor = con.execute(sql)
@@ -323,7 +329,9 @@ def query(out: Location, sql: str, max_rows: int | None = None) -> QueryResult:
 def _register(con, manifest: pa.Table, errors: pa.Table) -> None:
     con.register("_manifest_arrow", manifest)
     con.register("_errors_arrow", errors)
-    con.execute("CREATE VIEW manifest AS SELECT * REPLACE (ops::JSON AS ops) FROM _manifest_arrow")
+    as_json = ", ".join(f"{c}::JSON AS {c}" for c in _JSON_COLUMNS if c in manifest.column_names)
+    replace = f" REPLACE ({as_json})" if as_json else ""
+    con.execute(f"CREATE VIEW manifest AS SELECT *{replace} FROM _manifest_arrow")
     con.execute("CREATE VIEW errors AS SELECT * FROM _errors_arrow")
     con.execute(APPLIED_OPS_VIEW)
 
@@ -412,7 +420,7 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
     if output.plan.format == "folder":
         files = [path for unit in output.plan.units for path in unit.files]
         before = Counter(path.split("/", 1)[0] if "/" in path else None for path in files)
-        basis = "input listing (folder labels)"
+        basis = "folder labels of the input listing"
     else:
         before = _source_labels(table, errors)
         basis = "source keys in manifests and quarantine"
@@ -450,7 +458,7 @@ def _source_labels(table: pa.Table, errors: pa.Table) -> Counter:
 
 
 def plot_statistics(stats: dict, path: str) -> None:
-    """A PNG: one histogram per varying op parameter, and the label balance bars."""
+    """A PNG: op application rates, one histogram per varying parameter, label balance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,15 +471,15 @@ def plot_statistics(stats: dict, path: str) -> None:
         if hist["max"] > hist["min"]
     ]
     columns = 4
-    rows = -(-len(panels) // columns) + 1
+    rows = -(-len(panels) // columns) + 2
     figure = plt.figure(figsize=(4 * columns, 2.6 * rows + 0.6), layout="constrained")
     grid = figure.add_gridspec(rows, columns)
+    _plot_rates(figure.add_subplot(grid[0, :]), stats["ops"])
     for i, (op, name, hist) in enumerate(panels):
-        axes = figure.add_subplot(grid[i // columns, i % columns])
-        edges = hist["edges"]
-        axes.stairs(hist["counts"], edges, fill=True, color="tab:blue", alpha=0.8)
-        rate = stats["ops"][op]["rate"]
-        axes.set_title(f"{op}.{name}  (applied {rate:.0%})", fontsize=9)
+        axes = figure.add_subplot(grid[1 + i // columns, i % columns])
+        axes.stairs(hist["counts"], hist["edges"], fill=True, color="tab:blue", alpha=0.8)
+        axes.set_title(f"{op}.{name}  (n={hist['count']})", fontsize=9)
+        axes.set_ylabel("samples", fontsize=8)
         axes.tick_params(labelsize=8)
     _plot_labels(figure.add_subplot(grid[rows - 1, :]), stats["labels"])
     figure.suptitle(
@@ -481,15 +489,32 @@ def plot_statistics(stats: dict, path: str) -> None:
     plt.close(figure)
 
 
+def _plot_rates(axes, ops: dict) -> None:
+    import numpy as np
+    from matplotlib.ticker import PercentFormatter
+
+    names = list(ops)
+    x = np.arange(len(names))
+    expected = [ops[n]["expected_rate"] for n in names]
+    axes.bar(x - 0.2, [ops[n]["rate"] for n in names], 0.4, label="applied")
+    axes.bar(x + 0.2, [np.nan if e is None else e for e in expected], 0.4, label="spec p")
+    axes.set_xticks(x, names, rotation=15, ha="right", fontsize=8)
+    axes.yaxis.set_major_formatter(PercentFormatter(1.0))
+    axes.set_title("op application rate", fontsize=9)
+    axes.legend(fontsize=8)
+
+
 def _plot_labels(axes, labels: dict, limit: int = 40) -> None:
     import numpy as np
+    from matplotlib.ticker import PercentFormatter
 
     classes = sorted(labels["classes"], key=lambda c: -c["sources"])[:limit]
     x = np.arange(len(classes))
     axes.bar(x - 0.2, [c["source_share"] for c in classes], 0.4, label="sources (before)")
     axes.bar(x + 0.2, [c["sample_share"] for c in classes], 0.4, label="samples (after)")
     axes.set_xticks(x, [str(c["label"]) for c in classes], rotation=30, ha="right", fontsize=8)
-    axes.set_ylabel("share")
+    axes.yaxis.set_major_formatter(PercentFormatter(1.0))
+    axes.set_ylabel("share of all")
     more = len(labels["classes"]) - len(classes)
     suffix = f" (top {limit} of {len(labels['classes'])})" if more > 0 else ""
     axes.set_title(f"label balance{suffix}", fontsize=9)
