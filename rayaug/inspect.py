@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -171,24 +172,24 @@ def _numbers(params: dict) -> list[tuple[str, float]]:
 # ---------------------------------------------------------------- verification
 
 
-def read_images(out: Location, spec: JobSpec, shard: str) -> dict[str, bytes]:
-    """sample_id → encoded image of one data shard, read as an ordinary reader would."""
+def read_images(out: Location, spec: JobSpec, shard: str, masks: bool = False) -> dict[str, bytes]:
+    """sample_id → encoded image (or mask PNG) of one data shard, read as an ordinary reader
+    would: the Parquet column, or the WebDataset member."""
     data = out.read_bytes(data_path(spec.output, shard))
     if spec.output.format == "parquet":
-        table = pq.read_table(io.BytesIO(data), columns=["sample_id", "image"])
-        return dict(
-            zip(
-                table.column("sample_id").to_pylist(),
-                table.column("image").to_pylist(),
-                strict=True,
-            )
+        column = "mask" if masks else "image"
+        table = pq.read_table(io.BytesIO(data), columns=["sample_id", column])
+        pairs = zip(
+            table.column("sample_id").to_pylist(), table.column(column).to_pylist(), strict=True
         )
+        return {sample: value for sample, value in pairs if value is not None}
+    suffix = "mask.png" if masks else spec.output.extension
     members: dict[str, dict[str, bytes]] = defaultdict(dict)
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         for member in archive:
             stem, _, extension = member.name.partition(".")
             members[stem][extension] = archive.extractfile(member).read()
-    return {json.loads(m["json"])["sample_id"]: m[spec.output.extension] for m in members.values()}
+    return {json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m}
 
 
 def verify(output: Output) -> list[str]:
@@ -242,12 +243,16 @@ def _verify_shard(output: Output, shard: str, planned: int | None, seen: Counter
 
 
 def contact_sheet(output: Output, limit: int = 24, tile: int = 192) -> Image.Image:
-    """A grid of the first `limit` samples, each captioned with its source and ops."""
-    table = manifests(output.location).sort_by("sample_id").slice(0, limit)
-    rows = table.to_pylist()
+    """A grid of samples spread over the output, each captioned with its source and ops, with
+    its boxes, keypoints and mask drawn on it (labels must sit on their objects)."""
+    table = manifests(output.location).sort_by("sample_id")
+    picks = sorted({int(i) for i in np.linspace(0, max(table.num_rows - 1, 0), limit)})
+    rows = table.take(picks).to_pylist() if table.num_rows else []
     images: dict[str, bytes] = {}
+    masks: dict[str, bytes] = {}
     for shard in sorted({r["shard"] for r in rows}):
         images |= read_images(output.location, output.spec, shard)
+        masks |= read_images(output.location, output.spec, shard, masks=True)
     columns = min(6, max(1, len(rows)))
     caption = 46
     sheet = Image.new(
@@ -256,13 +261,32 @@ def contact_sheet(output: Output, limit: int = 24, tile: int = 192) -> Image.Ima
     draw = ImageDraw.Draw(sheet)
     for i, row in enumerate(rows):
         x, y = (i % columns) * tile, (i // columns) * (tile + caption)
-        picture = Image.open(io.BytesIO(images[row["sample_id"]])).convert("RGB")
+        picture = _annotated(images[row["sample_id"]], masks.get(row["sample_id"]), row)
         picture.thumbnail((tile - 4, tile - 4))
         sheet.paste(picture, (x + 2, y + 2))
         names = ",".join(step["op"] for step in json.loads(row["ops"]))
         text = f"{row['sample_id'][-30:]}\n{row['label'] or ''}\n{names[:34]}"
         draw.multiline_text((x + 2, y + tile), text, fill="black", spacing=1)
     return sheet
+
+
+def _annotated(image: bytes, mask: bytes | None, row: dict) -> Image.Image:
+    """The sample with its mask tinted, boxes outlined and visible keypoints dotted."""
+    picture = Image.open(io.BytesIO(image)).convert("RGB")
+    if mask is not None:
+        ids = np.asarray(Image.open(io.BytesIO(mask)).convert("L"))
+        tint = Image.new("RGB", picture.size, (0, 160, 255))
+        picture = Image.composite(
+            tint, picture, Image.fromarray(np.where(ids > 0, 110, 0).astype(np.uint8))
+        )
+    targets = json.loads(row["targets"]) if row.get("targets") else {}
+    draw = ImageDraw.Draw(picture)
+    for box in targets.get("boxes", []):
+        draw.rectangle(box, outline=(255, 230, 0), width=2)
+    for kx, ky, visibility in targets.get("keypoints", []):
+        if visibility > 0:
+            draw.ellipse((kx - 3, ky - 3, kx + 3, ky + 3), fill=(255, 0, 200))
+    return picture
 
 
 def find_row(out: Location, sample: str) -> dict:

@@ -8,21 +8,28 @@ member names cannot escape; a sample that cannot be read becomes a SourceSample 
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
+import lzma
 import tarfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rayaug.errors import UsageError
-from rayaug.records import SourceSample
+from rayaug.records import SourceSample, Targets
 from rayaug.spec import InputSpec
 from rayaug.storage import Location, retrying
 
 IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm"}
 LABEL_EXTENSIONS = ("cls", "label", "txt", "label.txt")
+MASK_MEMBER = "mask.png"  # WebDataset: `<key>.mask.png`, a PNG of class ids
+TARGET_COLUMNS = ("boxes", "classes", "keypoints")  # Parquet; plus a `mask` PNG column
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,9 @@ class WorkUnit:
     files: tuple[str, ...]  # relative to the input root
     rows: tuple[int, int] | None = None  # Parquet: [start, stop) rows of files[0]
     planned: int | None = None  # source images, when known without reading (not for tar)
+    # Parquet with a key column: rows of this unit whose key an earlier row (of any unit)
+    # already has, as (offset in the unit, copy number, file of the first copy, its row).
+    duplicates: tuple[tuple[int, int, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,12 @@ def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
         raise UsageError(f"input {location.uri} holds no files")
     fmt = _detect(location, files, spec.format)
     if fmt == "folder":
-        images = [path for path, _ in files if _extension(path) in IMAGE_EXTENSIONS]
+        masks = _masks_inside(location, spec)  # mask PNGs are labels, not images to augment
+        images = [
+            path
+            for path, _ in files
+            if _extension(path) in IMAGE_EXTENSIONS and not (masks and path.startswith(masks))
+        ]
         chunks = [tuple(images[i : i + shard_size]) for i in range(0, len(images), shard_size)]
         units = [
             WorkUnit(_shard_name(i), chunk, None, len(chunk)) for i, chunk in enumerate(chunks)
@@ -98,6 +113,7 @@ def _parquet_units(
     location: Location, spec: InputSpec, paths: list[str], size: int
 ) -> list[WorkUnit]:
     units: list[WorkUnit] = []
+    files: list[tuple[str, int]] = []
     for path in paths:
         metadata = _parquet_metadata(location, path)
         names = metadata.schema.to_arrow_schema().names
@@ -107,16 +123,72 @@ def _parquet_units(
                     f"{location.uri_of(path)} has no column {column!r} "
                     f"(columns: {', '.join(names)}); set input.{field}"
                 )
-        for start in range(0, metadata.num_rows, size):
-            stop = min(start + size, metadata.num_rows)
-            units.append(WorkUnit(_shard_name(len(units)), (path,), (start, stop), stop - start))
+        files.append((path, metadata.num_rows))
+    duplicates = _duplicate_rows(location, spec, files)
+    for path, rows in files:
+        later = duplicates.get(path, [])
+        for start in range(0, rows, size):
+            stop = min(start + size, rows)
+            marked = tuple((row - start, *rest) for row, *rest in later if start <= row < stop)
+            units.append(
+                WorkUnit(_shard_name(len(units)), (path,), (start, stop), stop - start, marked)
+            )
     return units
+
+
+def _row_key(value: object, path: str, row: int) -> str:
+    """A Parquet row's source key: its key column, or `file:row` where that is null."""
+    return f"{path}:{row}" if value is None else str(value)
+
+
+def _duplicate_rows(
+    location: Location, spec: InputSpec, files: list[tuple[str, int]]
+) -> dict[str, list[tuple[int, int, str, int]]]:
+    """Per file, every row whose key an earlier row of the input already has.
+
+    Keys are unique within a tar or a folder by construction; with a key column they are
+    only as unique as the data. A repeat in another unit would give two samples one id, so
+    it is found here, at plan time, over the whole input: the key columns are read alone
+    (compact Arrow strings), and only the few repeated keys are walked in Python.
+    """
+    if spec.key_column is None or not files:
+        return {}
+    keys, file_index, rows = [], [], []
+    for index, (path, count) in enumerate(files):
+        values = _parquet_column(location, path, spec.key_column).to_pylist()
+        keys.append(pa.array([_row_key(v, path, r) for r, v in enumerate(values)], pa.string()))
+        file_index.append(pa.array([index] * count, pa.int32()))
+        rows.append(pa.array(range(count), pa.int64()))
+    table = pa.table(
+        {
+            "key": pa.concat_arrays(keys),
+            "file": pa.concat_arrays(file_index),
+            "row": pa.concat_arrays(rows),
+        }
+    )
+    counts = table.group_by("key").aggregate([("key", "count")])
+    repeated = counts.filter(pc.greater(counts["key_count"], 1)).column("key")
+    if len(repeated) == 0:
+        return {}
+    first: dict[str, tuple[int, str, int]] = {}  # key → (copies so far, first file, first row)
+    found: dict[str, list[tuple[int, int, str, int]]] = {}
+    for row in table.filter(pc.is_in(table["key"], value_set=repeated)).to_pylist():
+        path = files[row["file"]][0]
+        if row["key"] not in first:
+            first[row["key"]] = (1, path, row["row"])
+            continue
+        copies, first_path, first_row = first[row["key"]]
+        first[row["key"]] = (copies + 1, first_path, first_row)
+        found.setdefault(path, []).append((row["row"], copies + 1, first_path, first_row))
+    return found
 
 
 def read_unit(location: Location, spec: InputSpec, fmt: str, unit: WorkUnit) -> list[SourceSample]:
     """Every source sample of one unit, in a stable order; duplicates are marked, not dropped."""
     if fmt == "folder":
         samples = [_read_file(location, path) for path in unit.files]
+        if spec.annotations or spec.masks:
+            samples = _with_folder_targets(location, spec, samples)
     elif fmt == "parquet":
         samples = list(_read_parquet(location, spec, unit))
     else:
@@ -136,17 +208,41 @@ def _read_parquet(location: Location, spec: InputSpec, unit: WorkUnit) -> Iterat
     labels = _optional_column(table, spec.label_column)
     keys = _optional_column(table, spec.key_column)
     uri = location.uri_of(path)
+    later = {offset: rest for offset, *rest in unit.duplicates}
     for offset, data in enumerate(images):
-        key = keys[offset] if keys[offset] is not None else f"{path}:{start + offset}"
+        key = _row_key(keys[offset], path, start + offset)
         label = None if labels[offset] is None else str(labels[offset])
+        if offset in later:  # the same id as an earlier row, maybe in another unit
+            copy, first_path, first_row = later[offset]
+            reason = (
+                f"duplicate source key {key!r} (copy {copy}; the first is row {first_row} "
+                f"of {first_path})"
+            )
+            yield SourceSample(f"{key}~dup{copy - 1}", uri, None, label, reason)
+            continue
         error = None if data is not None else f"null image in column {spec.image_column!r}"
-        yield SourceSample(str(key), uri, data, label, error)
+        sample = SourceSample(key, uri, data, label, error)
+        yield _with_targets(sample, lambda o=offset: _row_targets(table, o, spec.box_format))
 
 
 def _parquet_metadata(location: Location, path: str) -> pq.FileMetaData:
     def read() -> pq.FileMetaData:
         with location.fs.open_input_file(location.path(path)) as handle:
             return pq.ParquetFile(handle).metadata
+
+    try:
+        return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
+    except pa.ArrowInvalid as error:  # not Parquet at all: no rows to plan, nothing to retry
+        raise UsageError(
+            f"{location.uri_of(path)} is not a readable Parquet file ({error}); "
+            "remove it from the input or replace it"
+        ) from None
+
+
+def _parquet_column(location: Location, path: str, column: str) -> pa.ChunkedArray:
+    def read() -> pa.ChunkedArray:
+        with location.fs.open_input_file(location.path(path)) as handle:
+            return pq.ParquetFile(handle).read(columns=[column]).column(column)
 
     return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
 
@@ -186,34 +282,64 @@ def _optional_column(table: pa.Table, name: str | None) -> list:
 
 
 def _read_tar(location: Location, path: str) -> Iterator[SourceSample]:
-    """WebDataset grouping: members sharing a key (basename up to its first dot) are one sample."""
+    """WebDataset grouping: members sharing a key (basename up to its first dot) are one sample.
+
+    A link or device member is refused (its sample quarantined), never followed. A shard that
+    breaks off (truncated, corrupt) keeps the samples before the break; the one being read
+    when it broke is quarantined with the reason (tar has no index: the rest is unknowable).
+    """
     uri = location.uri_of(path)
     data = location.read_bytes(path)
-    key, members = None, {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
-        for member in archive:
-            if not member.isfile():
-                continue
-            folder, _, name = member.name.rpartition("/")
-            stem, _, extension = name.partition(".")
-            member_key = f"{folder}/{stem}" if folder else stem
-            if member_key != key or extension.lower() in members:
-                if key is not None:
-                    yield _tar_sample(f"{path}/{key}", uri, members)
-                key, members = member_key, {}
-            members[extension.lower()] = archive.extractfile(member).read()
+    key, members, refused = None, {}, []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            for member in archive:
+                if member.isdir():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, _, extension = name.partition(".")
+                member_key = f"{folder}/{stem}" if folder else stem
+                if member_key != key or extension.lower() in members:
+                    if key is not None:
+                        yield _tar_sample(f"{path}/{key}", uri, members, refused)
+                    key, members, refused = member_key, {}, []
+                if member.isfile():
+                    members[extension.lower()] = archive.extractfile(member).read()
+                else:
+                    members[extension.lower()] = b""
+                    refused.append(f"tar member {member.name!r} is {_tar_kind(member)}")
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        where = f"{path}/{key}" if key is not None else path
+        reason = " ".join(f"unreadable tar shard {path}: {error}".split())  # one line
+        yield SourceSample(where, uri, None, None, reason[:500])
+        return
     if key is not None:
-        yield _tar_sample(f"{path}/{key}", uri, members)
+        yield _tar_sample(f"{path}/{key}", uri, members, refused)
 
 
-def _tar_sample(key: str, uri: str, members: dict[str, bytes]) -> SourceSample:
-    image = next((members[e] for e in members if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS), None)
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link (to {member.linkname!r}), not a file"
+    if member.islnk():
+        return f"a hard link (to {member.linkname!r}), not a file"
+    return "a device or FIFO, not a file"
+
+
+def _tar_sample(key: str, uri: str, members: dict[str, bytes], refused: list[str]) -> SourceSample:
+    if refused:
+        return SourceSample(key, uri, None, None, "; ".join(refused))
+    image = next((members[e] for e in members if _is_image_member(e)), None)
     label = next(
         (members[e].decode(errors="replace").strip() for e in LABEL_EXTENSIONS if e in members),
         None,
     )
     error = None if image is not None else f"no image member (found: {', '.join(sorted(members))})"
-    return SourceSample(key, uri, image, label, error)
+    sample = SourceSample(key, uri, image, label, error)
+    return _with_targets(sample, lambda: _member_targets(members))
+
+
+def _is_image_member(extension: str) -> bool:
+    return extension != MASK_MEMBER and extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
 
 
 def _mark_duplicates(samples: list[SourceSample]) -> list[SourceSample]:
@@ -248,3 +374,111 @@ def read_one(
     if found is None:
         raise UsageError(f"source {key!r} is no longer in {source_uri}")
     return found
+
+
+# ---------------------------------------------------------------- label targets
+
+
+def _with_targets(sample: SourceSample, targets: Callable[[], Targets | None]) -> SourceSample:
+    """The sample with its targets; targets that do not parse quarantine it (at read)."""
+    if sample.error is not None:
+        return sample
+    try:
+        return dataclasses.replace(sample, targets=targets())
+    except (ValueError, TypeError, KeyError) as error:
+        return dataclasses.replace(sample, data=None, error=f"bad label targets: {error}")
+
+
+def _row_targets(table: pa.Table, offset: int, box_format: str) -> Targets | None:
+    present = [c for c in (*TARGET_COLUMNS, "mask") if c in table.column_names]
+    if not present:
+        return None
+    values = {c: table.column(c)[offset].as_py() for c in present}
+    return Targets.parse(values, box_format, values.get("mask"))
+
+
+def _member_targets(members: dict[str, bytes]) -> Targets | None:
+    meta = json.loads(members["json"]) if "json" in members else {}
+    has_labels = isinstance(meta, dict) and any(k in meta for k in TARGET_COLUMNS)
+    if not has_labels and MASK_MEMBER not in members:
+        return None
+    return Targets.parse(meta if has_labels else {}, "xyxy", members.get(MASK_MEMBER))
+
+
+def _with_folder_targets(
+    location: Location, spec: InputSpec, samples: list[SourceSample]
+) -> list[SourceSample]:
+    coco = _coco_index(*_annotation_file(location, spec)) if spec.annotations else {}
+    masks = _mask_location(location, spec)
+
+    def targets_of(sample: SourceSample) -> Targets:
+        mask = None
+        if masks is not None:
+            name = _mask_name(sample.key)
+            if not masks.exists(name):
+                raise ValueError(f"no mask {masks.uri_of(name)}")
+            mask = masks.read_bytes(name)
+        return Targets.parse(coco.get(sample.key, {}), "xywh", mask)  # COCO boxes are xywh
+
+    return [_with_targets(s, lambda s=s: targets_of(s)) for s in samples]
+
+
+def _mask_name(key: str) -> str:
+    return key.rsplit(".", 1)[0] + ".png"
+
+
+def _beside(location: Location, where: str) -> Location:
+    """Another prefix on the input's storage: relative to the input, an absolute path, or a
+    URI of the same scheme (same endpoint and credentials)."""
+    where = where.rstrip("/")
+    if "://" in where:
+        return dataclasses.replace(location, uri=where, root=where.split("://", 1)[1])
+    if where.startswith("/"):
+        return dataclasses.replace(location, uri=where, root=where)
+    return dataclasses.replace(location, uri=location.uri_of(where), root=location.path(where))
+
+
+def _masks_inside(location: Location, spec: InputSpec) -> str | None:
+    """The masks' folder as a prefix of input paths, when it lies inside the input."""
+    masks = _mask_location(location, spec)
+    if masks is None or not masks.root.startswith(location.root + "/"):
+        return None
+    return masks.root[len(location.root) + 1 :] + "/"
+
+
+def _mask_location(location: Location, spec: InputSpec) -> Location | None:
+    return _beside(location, spec.masks) if spec.masks else None
+
+
+def _annotation_file(location: Location, spec: InputSpec) -> tuple[Location, str]:
+    folder, _, name = (spec.annotations or "").rpartition("/")
+    return (_beside(location, folder) if folder else location), name
+
+
+# The last COCO file parsed in this worker process: every read task of a job needs the same
+# one, and parsing it per shard would cost more than the shard.
+_COCO_CACHE: dict[str, dict[str, dict]] = {}
+
+
+def _coco_index(location: Location, path: str) -> dict[str, dict]:
+    uri = location.uri_of(path)
+    if uri not in _COCO_CACHE:
+        _COCO_CACHE.clear()
+        _COCO_CACHE[uri] = _parse_coco(location.read_bytes(path))
+    return _COCO_CACHE[uri]
+
+
+def _parse_coco(raw: bytes) -> dict[str, dict]:
+    """COCO annotations by image file name (relative to the input root)."""
+    data = json.loads(raw)
+    names = {image["id"]: image["file_name"] for image in data.get("images", [])}
+    index: dict[str, dict] = {}
+    for annotation in data.get("annotations", []):
+        entry = index.setdefault(
+            names[annotation["image_id"]], {"boxes": [], "classes": [], "keypoints": []}
+        )
+        if "bbox" in annotation:
+            entry["boxes"].append(annotation["bbox"])
+            entry["classes"].append(annotation.get("category_id", 0))
+        entry["keypoints"] += annotation.get("keypoints") or []
+    return index
