@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,14 +31,20 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except SpecError as error:
-            console.print(f"[red]invalid job spec[/] {error.source}:", highlight=False)
+        except SpecError as error:  # one self-contained line per problem
             for message in error.messages:
-                console.print(f"  {message}", highlight=False, markup=False)
+                _report("invalid job spec", f"{error.source}: {message}")
             sys.exit(error.exit_code)
         except RayaugError as error:
-            console.print(f"[red]error:[/] {error}", highlight=False)
+            _report("error:", str(error))
             sys.exit(error.exit_code)
+
+
+def _report(prefix: str, message: str) -> None:
+    """One line on stderr: the message's own line breaks (YAML's, a server's) are folded, and
+    nothing in it is read as rich markup (a path may hold brackets such as `[/]`)."""
+    line = re.sub(r"\s*\n\s*", " ", message.strip())
+    console.print(Text.assemble((prefix, "red"), " ", line), highlight=False)
 
 
 @click.group(cls=_Group)

@@ -41,6 +41,7 @@ FORWARDED_ENV = (
 IO_TASK_CPUS = 0.25
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
+# Read and write tasks; actor tasks retry until their actor's restarts run out (_actor_retries).
 TASK_RETRIES = 4
 # The CLI draws its own progress; Ray's start-up chatter would bury it.
 QUIET = {"log_to_driver": False, "logging_level": logging.WARNING}
@@ -201,7 +202,8 @@ class _Run:
         return (
             f"error budget exceeded: {tally.quarantined} of {total} samples quarantined "
             f"(max_error_rate {self.spec.errors.max_error_rate}): {top}. See `rayaug inspect "
-            f"{self.out.uri}`; raise errors.max_error_rate and resume to accept them."
+            f"{self.out.uri}`; to accept them, raise errors.max_error_rate in the job file and "
+            "run it again (`rayaug run JOB.yaml`): committed shards are kept."
         )
 
 
@@ -305,7 +307,11 @@ def _task_retries() -> dict:
 
 
 def _actor_retries() -> dict:
-    return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": TASK_RETRIES}
+    # -1: an actor task is retried until it succeeds or its actor has used up its restarts,
+    # which is what bounds a poison input. A finite count is also spent while a lost node's
+    # actor is merely unreachable (before Ray declares the node dead and restarts the actor
+    # elsewhere): 4 retries were gone within seconds and a node loss failed the whole job.
+    return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": -1}
 
 
 # ---------------------------------------------------------------- stage adapters (run on workers)

@@ -37,7 +37,11 @@ class JobPlan:
     def from_json(cls, data: dict) -> JobPlan:
         units = [
             WorkUnit(
-                u["shard"], tuple(u["files"]), tuple(u["rows"]) if u["rows"] else None, u["planned"]
+                u["shard"],
+                tuple(u["files"]),
+                tuple(u["rows"]) if u["rows"] else None,
+                u["planned"],
+                tuple(tuple(d) for d in u.get("duplicates", ())),  # absent in older plans
             )
             for u in data["units"]
         ]

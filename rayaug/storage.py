@@ -144,11 +144,21 @@ class Location:
         return sorted(files)
 
     def delete(self, relative: str) -> None:
-        retrying(
-            lambda: self.fs.delete_file(self.path(relative)),
-            f"deleting {self.uri_of(relative)}",
-            self.attempts,
-        )
+        """Remove a file. A retry that finds it gone is done: the try whose answer was lost
+        (a connection reset after the server acted) removed it. A first try still reports a
+        missing file."""
+        tries = 0
+
+        def remove() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                self.fs.delete_file(self.path(relative))
+            except FileNotFoundError:
+                if tries == 1:
+                    raise
+
+        retrying(remove, f"deleting {self.uri_of(relative)}", self.attempts)
 
 
 def _s3_filesystem(storage: StorageSpec) -> pafs.S3FileSystem:
@@ -197,15 +207,44 @@ def check_reachable(location: Location, must_exist: bool) -> None:
         info = location.fs.get_file_info(location.root)
     except OSError as error:
         raise UsageError(f"cannot access {location.uri}: {_explain(error)}") from None
-    if must_exist and info.type == pafs.FileType.NotFound:
-        raise UsageError(f"input {location.uri} does not exist")
+    role = "input" if must_exist else "output"
+    if info.type == pafs.FileType.File:  # listing or writing under it would fail much later
+        holds = "the images or shards" if must_exist else "the job's output"
+        raise UsageError(
+            f"{role} {location.uri} is a file, not a folder: set {role}.uri to the folder "
+            f"(or S3 prefix) for {holds}"
+        )
+    if info.type == pafs.FileType.NotFound:
+        bucket = _missing_bucket(location)
+        if bucket is not None:
+            raise UsageError(
+                f"{role} {location.uri}: there is no bucket {bucket!r} at this endpoint; "
+                f"create it, or check {role}.uri and storage.endpoint / AWS_ENDPOINT_URL"
+            )
+        if must_exist:
+            raise UsageError(f"input {location.uri} does not exist")
+
+
+def _missing_bucket(location: Location) -> str | None:
+    """The bucket of an S3 location when the server says it does not exist; else None."""
+    if location.is_local:
+        return None
+    bucket = location.root.split("/", 1)[0]
+    try:
+        missing = location.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:
+        return None
+    return bucket if missing else None
 
 
 def _explain(error: OSError) -> str:
     text = _one_line(error)
     credentials = ("InvalidAccessKeyId", "INVALID_ACCESS_KEY", "SignatureDoesNotMatch")
     if any(m in text for m in (*credentials, "SIGNATURE_DOES_NOT_MATCH", "ACCESS_DENIED")):
-        return f"credentials refused ({text}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+        unset = "" if os.environ.get("AWS_ACCESS_KEY_ID") else "; AWS_ACCESS_KEY_ID is not set"
+        return (
+            f"credentials refused ({text}{unset}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+        )
     if "NETWORK_CONNECTION" in text or "Couldn't connect" in text or "curlCode" in text:
         return f"endpoint unreachable ({text}); check storage.endpoint / AWS_ENDPOINT_URL"
     return text
