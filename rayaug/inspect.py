@@ -135,8 +135,8 @@ def summary(output: Output) -> dict:
     }
 
 
-def op_statistics(ops_json: list[str], samples: int) -> dict:
-    """Per op: how often it was applied, and the range of each numeric parameter."""
+def _applied_values(ops_json: list[str]) -> tuple[Counter, dict[str, dict[str, list[float]]]]:
+    """How often each op was applied, and every value of each of its numeric parameters."""
     applied: Counter = Counter()
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in ops_json:
@@ -144,6 +144,12 @@ def op_statistics(ops_json: list[str], samples: int) -> dict:
             applied[step["op"]] += 1
             for name, value in _numbers(step["params"]):
                 values[step["op"]][name].append(value)
+    return applied, values
+
+
+def op_statistics(ops_json: list[str], samples: int) -> dict:
+    """Per op: how often it was applied, and the range of each numeric parameter."""
+    applied, values = _applied_values(ops_json)
     return {
         op: {
             "applied": count,
@@ -394,13 +400,7 @@ def _expected_rates(spec: JobSpec) -> dict[str, float]:
 
 
 def _op_histograms(ops_json: list[str], samples: int, spec: JobSpec, bins: int) -> dict:
-    applied: Counter = Counter()
-    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for record in ops_json:
-        for step in json.loads(record):
-            applied[step["op"]] += 1
-            for name, value in _numbers(step["params"]):
-                values[step["op"]][name].append(value)
+    applied, values = _applied_values(ops_json)
     expected = _expected_rates(spec)
     # Ops of the spec that no sample got are listed too: a rate of 0 is a finding.
     names = list(dict.fromkeys([*(getattr(op, "name", "") for op in spec.pipeline()), *applied]))
