@@ -160,9 +160,12 @@ def _storage_of(spec: JobSpec, endpoint: str | None) -> StorageSpec:
 @_endpoint_option
 def resume(out_uri: str, address: str | None, as_json: bool, endpoint: str | None) -> None:
     """Finish the job recorded in OUT_URI, processing only uncommitted shards."""
-    output, storage = _output(out_uri, endpoint)
-    spec = output.spec.model_copy(update={"storage": storage})
-    _run(spec, address, as_json)
+    from rayaug.plan import recorded_spec
+    from rayaug.storage import open_location
+
+    # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
+    spec = recorded_spec(open_location(out_uri, StorageSpec(endpoint=endpoint)))
+    _run(spec.model_copy(update={"storage": _storage_of(spec, endpoint)}), address, as_json)
 
 
 @main.command()

@@ -17,12 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
 from PIL import Image, ImageDraw
 
 from rayaug import commit
 from rayaug.errors import UsageError
-from rayaug.plan import JobPlan
+from rayaug.plan import JobPlan, recorded_spec
 from rayaug.sinks import (
     ERRORS_SCHEMA,
     MANIFEST_SCHEMA,
@@ -31,7 +30,7 @@ from rayaug.sinks import (
     committed_objects,
     data_path,
 )
-from rayaug.spec import JobSpec, parse_spec
+from rayaug.spec import JobSpec
 from rayaug.storage import Location
 
 
@@ -45,11 +44,12 @@ class Output:
 
 
 def open_output(out: Location) -> Output:
-    if not out.exists(commit.SPEC) or not out.exists(commit.PLAN):
-        raise UsageError(f"{out.uri} is not a rayaug output (no {commit.SPEC})")
-    spec = parse_spec(yaml.safe_load(out.read_bytes(commit.SPEC)), out.uri_of(commit.SPEC))
-    plan = JobPlan.from_json(commit.read_json(out, commit.PLAN))
-    return Output(out, spec, plan)
+    spec = recorded_spec(out)
+    plan = commit.read_json(out, commit.PLAN)
+    if plan is None:
+        raise UsageError(f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
+                         f"`rayaug resume {out.uri}` to finish it")
+    return Output(out, spec, JobPlan.from_json(plan))
 
 
 def _parquet(out: Location, path: str) -> pa.Table:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 
+import yaml
+
 from rayaug import commit
 from rayaug.errors import UsageError
 from rayaug.sources import Listing, WorkUnit, list_input
-from rayaug.spec import JobSpec, dump_spec, fingerprint
+from rayaug.spec import JobSpec, dump_spec, fingerprint, parse_spec
 from rayaug.storage import Location
 
 
@@ -73,6 +75,13 @@ def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
             out, commit.FINGERPRINT, {"fingerprint": plan.fingerprint, "versions": versions()}
         )
     return plan
+
+
+def recorded_spec(out: Location) -> JobSpec:
+    """The spec a job recorded at its first start (`_job/spec.yaml`): what resume runs."""
+    if not out.exists(commit.SPEC):
+        raise UsageError(f"{out.uri} is not a rayaug output (no {commit.SPEC})")
+    return parse_spec(yaml.safe_load(out.read_bytes(commit.SPEC)), out.uri_of(commit.SPEC))
 
 
 def pending_units(plan: JobPlan, committed: set[str]) -> list[WorkUnit]:
