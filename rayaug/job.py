@@ -28,6 +28,8 @@ from rayaug.sources import WorkUnit, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
 
+log = logging.getLogger(__name__)
+
 # Non-secret settings the workers need to reach storage the way the driver does. Credentials
 # are deliberately absent: they must come from the workers' own environment.
 FORWARDED_ENV = (
@@ -137,9 +139,20 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
         wall = time.monotonic() - started
         summary = JobSummary(out.uri, run.tally, startup, wall, removed, plan.ignored)
         commit.write_json(out, commit.SUCCESS, summary.to_json())
-        return summary
-    finally:
+    except BaseException:
+        _release_after_failure(lease)
+        raise
+    lease.release()
+    return summary
+
+
+def _release_after_failure(lease: commit.Lease) -> None:
+    """The job's own error is the news: a lease that cannot be released (storage is gone)
+    expires by itself, and is taken over by the next run on this host at once."""
+    try:
         lease.release()
+    except RayaugError as error:
+        log.warning("could not release the lease: %s", error)
 
 
 def _count_committed(spec: JobSpec, plan: JobPlan, out: Location) -> Tally:
@@ -174,9 +187,11 @@ class _Run:
                 self.progress.committed(self.tally)
                 self._check_still_going()
             return startup
-        except RayaugError:
-            raise
-        except Exception as error:  # a stage that kept failing after Ray's retries
+        except Exception as error:
+            # Ray re-raises a stage's error as a subclass of both RayTaskError and the error
+            # (which it keeps in `.cause`): only the driver's own RayaugErrors pass as they are.
+            if isinstance(error, RayaugError) and not hasattr(error, "cause"):
+                raise
             raise JobFailed(
                 f"the job stopped: {_root_cause(error)}. Committed shards are kept; "
                 f"run `rayaug resume {self.out.uri}` to continue."
@@ -208,8 +223,16 @@ class _Run:
 
 
 def _root_cause(error: BaseException) -> str:
-    while error.__cause__ is not None:
-        error = error.__cause__
+    """The innermost error under Ray's wrappers (RayTaskError keeps it in `.cause`)."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    if isinstance(error, RayaugError):
+        return str(error)
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:400]}"
 
@@ -278,6 +301,10 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     context = DataContext.get_current()
     context.enable_progress_bars = False
     context.print_on_execution_start = False
+    context.raise_original_map_exception = True  # a StorageError, not Ray's wrapper, reaches us
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        # rayaug reports a failed stage in one line; Ray Data would print its traceback first.
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
     dataset = ray.data.from_items(units, override_num_blocks=len(units))

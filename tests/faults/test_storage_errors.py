@@ -1,0 +1,180 @@
+"""Fault 5: transient storage errors, injected by a proxy between rayaug and a real S3 server.
+
+The proxy (`flaky_proxy.FlakyProxy`, on 127.0.0.1) forwards to the session's SeaweedFS and
+fails a deterministic share of the requests: 503 SlowDown, 500 InternalError, a connection
+reset before the request reaches the server, a reset after the server acted (the answer is
+lost) and GET bodies cut half-way. The job reads its input and writes its output through it,
+and must end with the same samples, byte for byte, as a clean run: none lost, none twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+from click.testing import CliRunner
+from conftest import BUCKET
+from s3server import SeaweedS3
+
+from faults.flaky_proxy import KINDS, FlakyProxy
+from rayaug import inspect, sampledata
+from rayaug.cli import main
+from rayaug.errors import StorageError
+from rayaug.job import RunOptions, Tally, run_job
+from rayaug.spec import JobSpec, StorageSpec, parse_spec
+from rayaug.storage import Location, open_location
+
+pytestmark = pytest.mark.s3
+
+OPS = [
+    {"name": "random_resized_crop", "size": 48, "scale": [0.3, 1.0]},
+    {"name": "horizontal_flip"},
+    {"name": "color_jitter", "brightness": 0.3, "contrast": 0.3, "hue": 0.05, "p": 0.8},
+    {"name": "rotation", "degrees": 10, "p": 0.5},
+]
+VIEWS = 2
+
+
+class Quiet:
+    def started(self, tally: Tally) -> None:
+        pass
+
+    def committed(self, tally: Tally) -> None:
+        pass
+
+
+def job_spec(source: str, out: str, endpoint: str | None = None) -> JobSpec:
+    data: dict = {
+        "input": {"uri": source},
+        "output": {"uri": out, "shard_size": 3},
+        "views": VIEWS,
+        "seed": 7,
+        "ops": OPS,
+        "execution": {"batch_size": 4, "concurrency": 1},
+    }
+    if endpoint:
+        data["storage"] = {"endpoint": endpoint, "region": SeaweedS3.region}
+    return parse_spec(data)
+
+
+def upload(filesystem: pafs.FileSystem, photos: list[sampledata.SamplePhoto], prefix: str) -> None:
+    for photo in photos:
+        with filesystem.open_output_stream(f"{prefix}/{photo.key}") as stream:
+            stream.write(photo.jpeg)
+
+
+def everything(location: Location) -> dict[str, bytes]:
+    """Every object under the location, read back whole."""
+    return {path: location.read_bytes(path) for path, _ in location.list(recursive=True)}
+
+
+def manifest_view(location: Location) -> dict[str, tuple[str, str, int]]:
+    """sample_id → (sha256, drawn ops, view) of every committed sample."""
+    rows = inspect.manifests(location).select(["sample_id", "sha256", "ops", "view"]).to_pylist()
+    assert len({r["sample_id"] for r in rows}) == len(rows), "a sample committed twice"
+    return {r["sample_id"]: (r["sha256"], r["ops"], r["view"]) for r in rows}
+
+
+@pytest.fixture
+def direct(s3: SeaweedS3) -> StorageSpec:
+    """Storage settings that bypass the proxy: the oracle reads the server itself."""
+    return StorageSpec(endpoint=f"http://{s3.endpoint}", region=s3.region, retries=2)
+
+
+@pytest.fixture
+def proxy(s3: SeaweedS3) -> Iterator[FlakyProxy]:
+    with FlakyProxy(s3.endpoint, every=4, limit=24, truncate_every=4, truncate_limit=6) as flaky:
+        yield flaky
+
+
+def test_a_delete_whose_answer_is_lost_is_not_an_error(s3: SeaweedS3, direct: StorageSpec) -> None:
+    """DELETE carried out, its answer lost (every SDK attempt): the retry finds nothing left.
+
+    The lease release and the orphan clean-up delete; a retried delete must count as done.
+    """
+    prefix = f"{BUCKET}/faults-lost-{uuid.uuid4().hex[:8]}"
+    with FlakyProxy(s3.endpoint, every=1, limit=6, kinds=("lost",), methods=("DELETE",)) as lost:
+        location = open_location(
+            f"s3://{prefix}", StorageSpec(endpoint=lost.url, region=s3.region, retries=3)
+        )
+        location.write_bytes("_job/lock", b"{}")
+        location.delete("_job/lock")
+        assert lost.counts["lost"] >= 2, lost.counts  # the SDK retried, then rayaug did
+        assert not location.exists("_job/lock")
+        # A file that was never there is still reported on the first try.
+        with pytest.raises(StorageError, match="never-there"):
+            location.delete("never-there")
+    assert not open_location(f"s3://{prefix}", direct).exists("_job/lock")
+
+
+def test_reads_and_writes_survive_every_kind_of_fault(s3: SeaweedS3, direct: StorageSpec) -> None:
+    """Location level, no Ray: every injected fault is absorbed, every byte comes back right."""
+    prefix = f"{BUCKET}/faults-rw-{uuid.uuid4().hex[:8]}"
+    with FlakyProxy(s3.endpoint, every=3, limit=12, truncate_every=2, truncate_limit=4) as flaky:
+        location = open_location(
+            f"s3://{prefix}", StorageSpec(endpoint=flaky.url, region=s3.region, retries=6)
+        )
+        payloads = {f"data/part-{i:05d}.bin": hashlib.sha256(bytes([i])).digest() * (3000 + i)
+                    for i in range(6)}
+        for path, payload in payloads.items():
+            location.write_bytes(path, payload)
+        assert {p: location.read_bytes(p) for p in payloads} == payloads
+        assert location.list("data") == sorted((p, len(b)) for p, b in payloads.items())
+        for path in payloads:
+            assert location.exists(path)
+            location.delete(path)
+        assert location.list("data") == []
+        assert all(flaky.counts[kind] > 0 for kind in (*KINDS, "truncate")), flaky.counts
+    assert everything(open_location(f"s3://{prefix}", direct)) == {}
+
+
+@pytest.mark.slow
+def test_job_through_a_flaky_proxy_equals_a_clean_run(
+    ray_cluster: str,
+    s3: SeaweedS3,
+    photos: list[sampledata.SamplePhoto],
+    proxy: FlakyProxy,
+    direct: StorageSpec,
+    tmp_path: Path,
+) -> None:
+    # The reference: the same spec, local disk to local disk, no faults.
+    sampledata.write_folder(photos, tmp_path / "input")
+    clean = job_spec(str(tmp_path / "input"), str(tmp_path / "clean"))
+    run_job(clean, RunOptions(), Quiet())
+
+    prefix = f"{BUCKET}/faults-errors-{uuid.uuid4().hex[:8]}"
+    upload(s3.filesystem(), photos, f"{prefix}/in")
+    flaky = job_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=proxy.url)
+    summary = run_job(flaky, RunOptions(), Quiet())
+    assert summary.tally.samples == len(photos) * VIEWS
+    assert summary.tally.quarantined == 0  # a storage fault never passes for a broken input
+    faults = dict(proxy.counts)
+
+    # The oracle reads the server directly, not through the proxy.
+    out = open_location(flaky.output.uri, direct)
+    reference = open_location(clean.output.uri, StorageSpec())
+    assert inspect.verify(inspect.open_output(out)) == []
+    planned = {f"{photo.key}#{view}" for photo in photos for view in range(VIEWS)}
+    got = manifest_view(out)
+    assert set(got) == planned  # every planned sample exactly once, none quarantined
+    assert got == manifest_view(reference)  # same parameters, same bytes
+    objects, expected = everything(out), everything(reference)
+    assert sorted(objects) == sorted(expected)  # no orphan, no lock, no temporary left
+    for path in expected:
+        if path.startswith("data/"):
+            assert objects[path] == expected[path], path
+
+    verdict = CliRunner().invoke(
+        main, ["inspect", flaky.output.uri, "--verify", "--json", "--endpoint", direct.endpoint],
+        catch_exceptions=False,
+    )
+    assert verdict.exit_code == 0, verdict.output
+    assert '"breaches": []' in verdict.output
+
+    # The faults really happened, of every kind.
+    for kind in (*KINDS, "truncate"):
+        assert faults.get(kind, 0) > 0, (kind, faults, proxy.requests)
