@@ -8,6 +8,7 @@ manifest commits it: a killed task or actor costs only its uncommitted shard.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -127,10 +128,13 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     lease.acquire()
     try:
         plan = prepare(spec, source, out)
-        run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out), progress)
+        # One listing for both the count and the work left: a shard committed between two
+        # listings (by a writer of a stopped run still finishing) would be neither.
+        committed = commit.committed_shards(out)
+        run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out, committed), progress)
         progress.started(run.tally)
         startup = time.monotonic() - started
-        pending = pending_units(plan, commit.committed_shards(out))
+        pending = pending_units(plan, committed)
         if pending:
             startup = run.execute(pending, options, started)
         if run.tally.over_budget(spec.errors.max_error_rate, final=True):
@@ -155,10 +159,10 @@ def _release_after_failure(lease: commit.Lease) -> None:
         log.warning("could not release the lease: %s", error)
 
 
-def _count_committed(spec: JobSpec, plan: JobPlan, out: Location) -> Tally:
+def _count_committed(spec: JobSpec, plan: JobPlan, out: Location, committed: set[str]) -> Tally:
     planned = plan.planned_sources
     tally = Tally(len(plan.units), None if planned is None else planned * spec.views)
-    for shard in inspect.shard_commits(out, commit.committed_shards(out)):
+    for shard in inspect.shard_commits(out, committed):
         tally.add(shard, new=False)
     return tally
 
@@ -182,10 +186,13 @@ class _Run:
         try:
             dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
             startup = time.monotonic() - started
-            for row in dataset.iter_rows():
-                self.tally.add(pickle.loads(row["commit"]), new=True)
-                self.progress.committed(self.tally)
-                self._check_still_going()
+            # Closed on any exit: a stopped run must not leave writers committing behind the
+            # back of the next run (on a cluster Ray outlives this driver).
+            with contextlib.closing(iter(dataset.iter_rows())) as rows:
+                for row in rows:
+                    self.tally.add(pickle.loads(row["commit"]), new=True)
+                    self.progress.committed(self.tally)
+                    self._check_still_going()
             return startup
         except Exception as error:
             # Ray re-raises a stage's error as a subclass of both RayTaskError and the error

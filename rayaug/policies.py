@@ -96,17 +96,6 @@ def _magnitudes(name: str, bins: int, canvas: Canvas, wide: bool) -> np.ndarray 
     return spaces.get(name)
 
 
-_SIGNED = {
-    "ShearX",
-    "ShearY",
-    "TranslateX",
-    "TranslateY",
-    "Rotate",
-    "Brightness",
-    "Color",
-    "Contrast",
-    "Sharpness",
-}
 _BASIC = [
     "Identity",
     "ShearX",
@@ -123,6 +112,10 @@ _BASIC = [
     "AutoContrast",
     "Equalize",
 ]
+
+
+# The ops whose magnitude takes a random sign: ShearX … Sharpness in torchvision's order.
+_SIGNED = set(_BASIC[1:10])
 
 
 def _affine(

@@ -18,9 +18,27 @@ from rayaug import sampledata
 BUCKET = "rayaug-test"
 
 
+class RecordingProgress:
+    """A rayaug.job.Progress that records what the driver reported, for assertions."""
+
+    def __init__(self) -> None:
+        self.start = 0
+        self.commits: list[int] = []
+
+    def started(self, tally) -> None:
+        self.start = tally.samples
+
+    def committed(self, tally) -> None:
+        self.commits.append(tally.samples)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--device", default="cpu", choices=["cpu", "cuda"],
-                     help="device for the augment tests (cuda on a GPU machine)")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="device for the augment tests (cuda on a GPU machine)",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -56,8 +74,13 @@ def ray_cluster(s3: SeaweedS3) -> Iterator[str]:
     """A local Ray on loopback shared by every test; yields its address for subprocess drivers."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, runtime_env={"env_vars": {"AWS_EC2_METADATA_DISABLED": "true"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"AWS_EC2_METADATA_DISABLED": "true"}},
+    )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 import yaml
-from conftest import BUCKET
+from conftest import BUCKET, RecordingProgress
 
 from rayaug import commit, inspect, sampledata
 from rayaug.errors import JobFailed, UsageError
-from rayaug.job import RunOptions, Tally, pool_shape, run_job
+from rayaug.job import RunOptions, pool_shape, run_job
 from rayaug.replay import replay
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
 from rayaug.storage import open_location
@@ -32,19 +32,6 @@ OPS = [
     {"name": "rotation", "degrees": 15, "p": 0.5},
     {"name": "gaussian_noise", "p": 0.3},
 ]
-
-
-class Quiet:
-    """A Progress that records what the driver reported."""
-
-    def __init__(self) -> None:
-        self.commits: list[int] = []
-
-    def started(self, tally: Tally) -> None:
-        self.start = tally.samples
-
-    def committed(self, tally: Tally) -> None:
-        self.commits.append(tally.samples)
 
 
 def make_spec(source: str, out: str, **overrides) -> JobSpec:
@@ -61,8 +48,8 @@ def make_spec(source: str, out: str, **overrides) -> JobSpec:
     return parse_spec(data)
 
 
-def run(spec: JobSpec) -> Quiet:
-    progress = Quiet()
+def run(spec: JobSpec) -> RecordingProgress:
+    progress = RecordingProgress()
     run_job(spec, RunOptions(), progress)
     return progress
 
@@ -93,9 +80,24 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
         assert (out / name).exists(), name
     assert not (out / "_job" / "lock").exists()
     manifest = pq.read_table(out / "manifests" / "part-00000.parquet")
-    for column in ("sample_id", "source_uri", "source_key", "view", "label", "seed", "ops",
-                   "shard", "index", "width", "height", "format", "sha256", "device",
-                   "rayaug_version", "kornia_version"):
+    for column in (
+        "sample_id",
+        "source_uri",
+        "source_key",
+        "view",
+        "label",
+        "seed",
+        "ops",
+        "shard",
+        "index",
+        "width",
+        "height",
+        "format",
+        "sha256",
+        "device",
+        "rayaug_version",
+        "kornia_version",
+    ):
         assert column in manifest.column_names
     assert set(manifest.column("width").to_pylist()) == {64}
     output = inspect.open_output(open_location(str(out), StorageSpec()))
@@ -105,10 +107,12 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
 def test_same_bytes_whatever_batch_size_and_actor_count(
     ray_cluster: str, photo_folder: Path, tmp_path: Path
 ) -> None:
-    one = make_spec(str(photo_folder), str(tmp_path / "a"),
-                    execution={"batch_size": 1, "concurrency": 1})
-    many = make_spec(str(photo_folder), str(tmp_path / "b"),
-                     execution={"batch_size": 32, "concurrency": 2})
+    one = make_spec(
+        str(photo_folder), str(tmp_path / "a"), execution={"batch_size": 1, "concurrency": 1}
+    )
+    many = make_spec(
+        str(photo_folder), str(tmp_path / "b"), execution={"batch_size": 32, "concurrency": 2}
+    )
     run(one)
     run(many)
     first, second = manifest_digests(str(tmp_path / "a")), manifest_digests(str(tmp_path / "b"))
@@ -150,8 +154,10 @@ def test_broken_inputs_are_quarantined_and_counted(
     run(spec)
     errors = inspect.quarantine(open_location(str(out), spec.storage)).to_pylist()
     assert sorted(e["sample_id"] for e in errors) == [
-        "astronaut/broken.jpg#0", "astronaut/broken.jpg#1",
-        "astronaut/empty.jpg#0", "astronaut/empty.jpg#1",
+        "astronaut/broken.jpg#0",
+        "astronaut/broken.jpg#1",
+        "astronaut/empty.jpg#0",
+        "astronaut/empty.jpg#1",
     ]
     assert {e["stage"] for e in errors} == {"decode"}
     assert json_of(out / "_SUCCESS")["quarantined"] == 4
@@ -179,8 +185,7 @@ def test_webdataset_from_s3_to_s3(ray_cluster: str, s3, photos, tmp_path: Path) 
     for tar in sorted(local.glob("*.tar")):
         with s3fs.open_output_stream(f"{prefix}/in/{tar.name}") as stream:
             stream.write(tar.read_bytes())
-    spec = make_spec(f"s3://{prefix}/in", f"s3://{prefix}/out",
-                     output={"format": "webdataset"})
+    spec = make_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", output={"format": "webdataset"})
     run(spec)
     out = open_location(f"s3://{prefix}/out", spec.storage)
     assert inspect.verify(inspect.open_output(out)) == []
@@ -203,21 +208,27 @@ def test_parquet_input(ray_cluster: str, photos, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_killed_driver_resumes_to_the_same_output(
-    ray_cluster: str, photos, tmp_path: Path
-) -> None:
+def test_killed_driver_resumes_to_the_same_output(ray_cluster: str, photos, tmp_path: Path) -> None:
     source = tmp_path / "input"
     sampledata.write_folder(list(sampledata.make_photos(60, seed=5, short_side=(200, 300))), source)
     spec_file = tmp_path / "job.yaml"
     killed, clean = tmp_path / "killed", tmp_path / "clean"
-    spec_data = {"input": {"uri": str(source)}, "output": {"uri": str(killed), "shard_size": 2},
-                 "views": 3, "seed": 3, "ops": OPS,
-                 "execution": {"batch_size": 6, "concurrency": 2}}
+    spec_data = {
+        "input": {"uri": str(source)},
+        "output": {"uri": str(killed), "shard_size": 2},
+        "views": 3,
+        "seed": 3,
+        "ops": OPS,
+        "execution": {"batch_size": 6, "concurrency": 2},
+    }
     spec_file.write_text(yaml.safe_dump(spec_data))
     rayaug = Path(sys.executable).parent / "rayaug"
-    driver = subprocess.Popen([str(rayaug), "run", str(spec_file), "--address", ray_cluster],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=os.environ | {"RAY_ADDRESS": ""})
+    driver = subprocess.Popen(
+        [str(rayaug), "run", str(spec_file), "--address", ray_cluster],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"RAY_ADDRESS": ""},
+    )
     manifests = killed / "manifests"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(manifests.glob("*.parquet"))) < 2:

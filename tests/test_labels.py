@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import RecordingProgress
 from PIL import Image
 from test_targets import iou, red_box
 
@@ -25,12 +26,6 @@ OPS = [
     {"name": "rotation", "degrees": 10},
     {"name": "random_resized_crop", "size": 96, "scale": [0.6, 1.0]},
 ]
-
-
-class Quiet:
-    def started(self, tally) -> None: ...
-
-    def committed(self, tally) -> None: ...
 
 
 def png(array: np.ndarray, mode: str | None = None) -> bytes:
@@ -63,7 +58,7 @@ def run(source: Path | str, out: Path, **inputs) -> inspect.Output:
             "execution": {"batch_size": 4, "concurrency": 1},
         }
     )
-    run_job(spec, RunOptions(), Quiet())
+    run_job(spec, RunOptions(), RecordingProgress())
     output = inspect.open_output(open_location(str(out), spec.storage))
     assert inspect.verify(output) == []
     return output
@@ -173,7 +168,7 @@ def test_unparseable_targets_quarantine_the_sample(ray_cluster, folder: Path, tm
             "execution": {"concurrency": 1},
         }
     )
-    run_job(spec, RunOptions(), Quiet())
+    run_job(spec, RunOptions(), RecordingProgress())
     errors = inspect.quarantine(open_location(spec.output.uri, spec.storage)).to_pylist()
     assert [(e["sample_id"], e["stage"]) for e in errors] == [("images/scene0.png#0", "read")]
     assert "bad label targets" in errors[0]["message"]

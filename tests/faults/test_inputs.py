@@ -29,27 +29,20 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import RecordingProgress
 from PIL import Image
 
 from faults import hostile
 from faults.hostile import BLUE, GREEN, RED, WHITE, Expect
 from rayaug import commit, inspect
 from rayaug.cli import main
-from rayaug.job import JobSummary, RunOptions, Tally, run_job
+from rayaug.job import JobSummary, RunOptions, run_job
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
 from rayaug.storage import open_location
 
 VIEWS = 2
 SHORT_SIDE = 24  # every processed sample: shorter side resized to this, aspect kept
 ESCAPES = ("escape.jpg", "escape.txt")  # what a naive tar extraction would create
-
-
-class Quiet:
-    def started(self, tally: Tally) -> None:
-        pass
-
-    def committed(self, tally: Tally) -> None:
-        pass
 
 
 def make_spec(source: Path, out: Path, **overrides) -> JobSpec:
@@ -68,7 +61,7 @@ def make_spec(source: Path, out: Path, **overrides) -> JobSpec:
 
 
 def run(spec: JobSpec) -> JobSummary:
-    return run_job(spec, RunOptions(), Quiet())
+    return run_job(spec, RunOptions(), RecordingProgress())
 
 
 def outcome(out: Path) -> tuple[dict[str, dict], dict[str, dict], dict[str, bytes]]:
@@ -252,21 +245,28 @@ def test_hostile_webdataset_shards(ray_cluster: str, worker_cwd: Path, tmp_path:
     source.mkdir(parents=True)
     size = (32, 48)
     bomb = hostile.bomb_png()
-    (source / "hostile.tar").write_bytes(_tar_bytes([
-        ("good.jpg", hostile.good_jpeg(BLUE)), ("good.txt", b"blue"),
-        ("../../escape.jpg", hostile.good_jpeg(GREEN)), ("../../escape.txt", b"escaped"),
-        ("/abs/escape.jpg", hostile.good_jpeg(WHITE)),
-        ("a.jpg", hostile.good_jpeg(RED)),
-        ("b.jpg", hostile.good_jpeg(GREEN)),
-        ("a.jpg", hostile.good_jpeg(BLUE)),  # key `a` again, not adjacent
-        ("empty.jpg", b""),
-        ("labelonly.txt", b"a label and no image"),
-        ("link.jpg", None),
-        ("bomb.png", bomb),
-    ]))
+    (source / "hostile.tar").write_bytes(
+        _tar_bytes(
+            [
+                ("good.jpg", hostile.good_jpeg(BLUE)),
+                ("good.txt", b"blue"),
+                ("../../escape.jpg", hostile.good_jpeg(GREEN)),
+                ("../../escape.txt", b"escaped"),
+                ("/abs/escape.jpg", hostile.good_jpeg(WHITE)),
+                ("a.jpg", hostile.good_jpeg(RED)),
+                ("b.jpg", hostile.good_jpeg(GREEN)),
+                ("a.jpg", hostile.good_jpeg(BLUE)),  # key `a` again, not adjacent
+                ("empty.jpg", b""),
+                ("labelonly.txt", b"a label and no image"),
+                ("link.jpg", None),
+                ("bomb.png", bomb),
+            ]
+        )
+    )
     noise = hostile.noise_jpeg(1)
-    whole = _tar_bytes([(f"t{i}.jpg", hostile.good_jpeg(RED) if i != 2 else noise)
-                        for i in range(4)])
+    whole = _tar_bytes(
+        [(f"t{i}.jpg", hostile.good_jpeg(RED) if i != 2 else noise) for i in range(4)]
+    )
     (source / "truncated.tar").write_bytes(_cut_inside(whole, "t2.jpg"))
     (source / "garbage.tar").write_bytes(b"this is not a tar archive\n" * 64)
 
@@ -289,7 +289,8 @@ def test_hostile_webdataset_shards(ray_cluster: str, worker_cwd: Path, tmp_path:
         "hostile.tar/empty": ("decode", ("empty input (0 bytes)",)),
         "hostile.tar/labelonly": ("read", ("no image member (found: txt)",)),
         "hostile.tar/link": (
-            "read", ("tar member 'link.jpg' is a symbolic link (to '/etc/passwd'), not a file",),
+            "read",
+            ("tar member 'link.jpg' is a symbolic link (to '/etc/passwd'), not a file",),
         ),
         "hostile.tar/bomb": ("decode", ("exceeds max_pixels=100000000",)),
         # The member being read when the shard broke off; what followed it is unknowable.
@@ -321,16 +322,29 @@ def test_hostile_parquet_rows_and_duplicate_keys_across_units(
     source.mkdir()
     red, green = hostile.good_jpeg(RED), hostile.good_jpeg(GREEN)
     text = b"GIF89a? no: plain text in an image column"
-    pq.write_table(pa.table({
-        "id": ["k0", "kx", "k0", "ky", "kn", "kx", "kt"],
-        "image": pa.array([red, hostile.cmyk_jpeg(), green, green, None, red, text], pa.binary()),
-        "label": ["a", "b", "c", "d", "e", "f", "g"],
-    }), source / "a.parquet", row_group_size=3)
-    pq.write_table(pa.table({
-        "id": ["kz", "ky", None, "k0"],
-        "image": pa.array([green, red, red, green], pa.binary()),
-        "label": ["h", "i", "j", "k"],
-    }), source / "b.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["k0", "kx", "k0", "ky", "kn", "kx", "kt"],
+                "image": pa.array(
+                    [red, hostile.cmyk_jpeg(), green, green, None, red, text], pa.binary()
+                ),
+                "label": ["a", "b", "c", "d", "e", "f", "g"],
+            }
+        ),
+        source / "a.parquet",
+        row_group_size=3,
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["kz", "ky", None, "k0"],
+                "image": pa.array([green, red, red, green], pa.binary()),
+                "label": ["h", "i", "j", "k"],
+            }
+        ),
+        source / "b.parquet",
+    )
     out = tmp_path / "out"
     # shard_size 4: a.parquet is two units (rows 0-3, 4-6), b.parquet a third.
     spec = make_spec(source, out, input={"key_column": "id"}, output={"shard_size": 4})
@@ -364,7 +378,8 @@ def test_hostile_parquet_rows_and_duplicate_keys_across_units(
     # The plan records the duplicates (JSON in _job/plan.json) and reads them back intact.
     plan = inspect.open_output(open_location(str(out), StorageSpec())).plan
     assert [u.duplicates for u in plan.units] == [
-        ((2, 2, "a.parquet", 0),), ((1, 2, "a.parquet", 1),),
+        ((2, 2, "a.parquet", 0),),
+        ((1, 2, "a.parquet", 1),),
         ((1, 2, "a.parquet", 3), (3, 3, "a.parquet", 0)),
     ]
     # A rerun resumes nothing and changes nothing.
@@ -381,8 +396,13 @@ def _budget_input(root: Path) -> tuple[Path, int, int]:
         path = root / "good" / f"{i:03d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(hostile.jpeg(hostile.solid((10 * i, 100, 200))))
-    broken = {"0-zero.jpg": b"", "1-text.jpg": b"plain text", "2-cut.jpg": hostile.truncated_jpeg(),
-              "3-bomb.png": hostile.bomb_png(), "4-text.png": b"more text"}
+    broken = {
+        "0-zero.jpg": b"",
+        "1-text.jpg": b"plain text",
+        "2-cut.jpg": hostile.truncated_jpeg(),
+        "3-bomb.png": hostile.bomb_png(),
+        "4-text.png": b"more text",
+    }
     for name, data in broken.items():
         path = root / "bad" / name
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,14 +17,14 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 from click.testing import CliRunner
-from conftest import BUCKET
+from conftest import BUCKET, RecordingProgress
 from s3server import SeaweedS3
 
 from faults.flaky_proxy import KINDS, FlakyProxy
 from rayaug import inspect, sampledata
 from rayaug.cli import main
 from rayaug.errors import StorageError
-from rayaug.job import RunOptions, Tally, run_job
+from rayaug.job import RunOptions, run_job
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
 
@@ -37,14 +37,6 @@ OPS = [
     {"name": "rotation", "degrees": 10, "p": 0.5},
 ]
 VIEWS = 2
-
-
-class Quiet:
-    def started(self, tally: Tally) -> None:
-        pass
-
-    def committed(self, tally: Tally) -> None:
-        pass
 
 
 def job_spec(source: str, out: str, endpoint: str | None = None) -> JobSpec:
@@ -118,8 +110,10 @@ def test_reads_and_writes_survive_every_kind_of_fault(s3: SeaweedS3, direct: Sto
         location = open_location(
             f"s3://{prefix}", StorageSpec(endpoint=flaky.url, region=s3.region, retries=6)
         )
-        payloads = {f"data/part-{i:05d}.bin": hashlib.sha256(bytes([i])).digest() * (3000 + i)
-                    for i in range(6)}
+        payloads = {
+            f"data/part-{i:05d}.bin": hashlib.sha256(bytes([i])).digest() * (3000 + i)
+            for i in range(6)
+        }
         for path, payload in payloads.items():
             location.write_bytes(path, payload)
         assert {p: location.read_bytes(p) for p in payloads} == payloads
@@ -144,12 +138,12 @@ def test_job_through_a_flaky_proxy_equals_a_clean_run(
     # The reference: the same spec, local disk to local disk, no faults.
     sampledata.write_folder(photos, tmp_path / "input")
     clean = job_spec(str(tmp_path / "input"), str(tmp_path / "clean"))
-    run_job(clean, RunOptions(), Quiet())
+    run_job(clean, RunOptions(), RecordingProgress())
 
     prefix = f"{BUCKET}/faults-errors-{uuid.uuid4().hex[:8]}"
     upload(s3.filesystem(), photos, f"{prefix}/in")
     flaky = job_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=proxy.url)
-    summary = run_job(flaky, RunOptions(), Quiet())
+    summary = run_job(flaky, RunOptions(), RecordingProgress())
     assert summary.tally.samples == len(photos) * VIEWS
     assert summary.tally.quarantined == 0  # a storage fault never passes for a broken input
     faults = dict(proxy.counts)
@@ -169,7 +163,8 @@ def test_job_through_a_flaky_proxy_equals_a_clean_run(
             assert objects[path] == expected[path], path
 
     verdict = CliRunner().invoke(
-        main, ["inspect", flaky.output.uri, "--verify", "--json", "--endpoint", direct.endpoint],
+        main,
+        ["inspect", flaky.output.uri, "--verify", "--json", "--endpoint", direct.endpoint],
         catch_exceptions=False,
     )
     assert verdict.exit_code == 0, verdict.output

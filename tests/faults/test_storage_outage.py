@@ -30,11 +30,12 @@ import pyarrow.fs as pafs
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import RecordingProgress
 from s3server import SeaweedS3
 
 from rayaug import inspect, sampledata
 from rayaug.cli import main
-from rayaug.job import RunOptions, Tally, run_job
+from rayaug.job import RunOptions, run_job
 from rayaug.spec import StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
 
@@ -51,17 +52,6 @@ VIEWS = 2
 SHARD_SIZE = 2
 SHARDS = PHOTOS // SHARD_SIZE
 BUCKET = "outage"
-
-
-class Quiet:
-    def __init__(self) -> None:
-        self.start = 0
-
-    def started(self, tally: Tally) -> None:
-        self.start = tally.samples
-
-    def committed(self, tally: Tally) -> None:
-        pass
 
 
 def spec_data(source: str, out: str, storage: dict | None = None) -> dict:
@@ -115,7 +105,7 @@ def clean(
     root = tmp_path_factory.mktemp("outage-clean")
     sampledata.write_folder(photos, root / "input")
     data = spec_data(str(root / "input"), str(root / "out"))
-    run_job(parse_spec(data), RunOptions(), Quiet())
+    run_job(parse_spec(data), RunOptions(), RecordingProgress())
     return root / "input", open_location(str(root / "out"), StorageSpec())
 
 
@@ -193,7 +183,7 @@ def test_job_survives_a_storage_outage_mid_job(
 
         def job() -> None:
             try:
-                outcome["summary"] = run_job(spec, RunOptions(), Quiet())
+                outcome["summary"] = run_job(spec, RunOptions(), RecordingProgress())
             except BaseException as error:  # reported below
                 outcome["error"] = error
             outcome["finished"] = time.monotonic()
@@ -206,9 +196,7 @@ def test_job_survives_a_storage_outage_mid_job(
             killed = time.monotonic()
             # Down for at least 4 s, and until a worker has retried (so the retries are seen).
             retried: list[str] = []
-            while time.monotonic() < killed + 4 or (
-                not retried and time.monotonic() < killed + 60
-            ):
+            while time.monotonic() < killed + 4 or (not retried and time.monotonic() < killed + 60):
                 time.sleep(0.5)
                 retried = worker_retries(f"s3://{BUCKET}/{prefix}/", began)
             assert worker.is_alive(), f"the job ended during the outage: {outcome}"
@@ -259,9 +247,16 @@ def gone(
         spec_file = root / "job.yaml"
         spec_file.write_text(yaml.safe_dump(data))
         driver = subprocess.Popen(
-            [str(Path(sys.executable).parent / "rayaug"), "run", str(spec_file),
-             "--address", ray_cluster],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                str(Path(sys.executable).parent / "rayaug"),
+                "run",
+                str(spec_file),
+                "--address",
+                ray_cluster,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             at_kill = wait_for_manifests(
@@ -298,13 +293,14 @@ def test_storage_gone_for_good_fails_in_one_line_then_resumes(
     committed = len(out.list("manifests"))
     assert gone.committed_at_kill <= committed < SHARDS
     status = CliRunner().invoke(
-        main, ["status", out.uri, "--json", "--endpoint", spec.storage.endpoint],
+        main,
+        ["status", out.uri, "--json", "--endpoint", spec.storage.endpoint],
         catch_exceptions=False,
     )
     assert status.exit_code == 0, status.output
     assert '"state": "incomplete"' in status.output
 
-    progress = Quiet()
+    progress = RecordingProgress()
     summary = run_job(spec, RunOptions(), progress)  # the resume
     assert progress.start == committed * SHARD_SIZE * VIEWS  # kept, not redone
     assert summary.tally.new_samples == (SHARDS - committed) * SHARD_SIZE * VIEWS
