@@ -229,9 +229,10 @@ def inspect_command(
     if sql is not None:
         _print_query(inspect.query(output.location, sql, max_rows or None), as_json)
         return
-    report = inspect.summary(output)
+    tables = inspect.committed_tables(output)
+    report = inspect.summary(output, *tables)
     if stats or plot:
-        report["stats"] = inspect.statistics(output)
+        report["stats"] = inspect.statistics(output, *tables)
     if plot:
         inspect.plot_statistics(report["stats"], plot)
         report["plot"] = str(Path(plot))

@@ -47,8 +47,10 @@ def open_output(out: Location) -> Output:
     spec = recorded_spec(out)
     plan = commit.read_json(out, commit.PLAN)
     if plan is None:
-        raise UsageError(f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
-                         f"`rayaug resume {out.uri}` to finish it")
+        raise UsageError(
+            f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
+            f"`rayaug resume {out.uri}` to finish it"
+        )
     return Output(out, spec, JobPlan.from_json(plan))
 
 
@@ -96,9 +98,14 @@ def quarantine(out: Location) -> pa.Table:
 
 
 def status(output: Output) -> dict:
+    committed = commit.committed_shards(output.location)
+    counts = shard_commits(output.location, committed)
+    samples, quarantined = sum(c.samples for c in counts), sum(c.quarantined for c in counts)
+    return _status(output, len(committed), samples, quarantined)
+
+
+def _status(output: Output, shards: int, samples: int, quarantined: int) -> dict:
     out = output.location
-    committed = commit.committed_shards(out)
-    counts = shard_commits(out, committed)
     lock = commit.read_json(out, commit.LOCK)
     running = lock is not None and commit.LeaseRecord(**lock).held_by_live_driver(time.time())
     state = "done" if out.exists(commit.SUCCESS) else "running" if running else "incomplete"
@@ -107,18 +114,22 @@ def status(output: Output) -> dict:
         "output": out.uri,
         "state": state,
         "shards_planned": len(output.plan.units),
-        "shards_committed": len(committed),
+        "shards_committed": shards,
         "samples_planned": None if planned is None else planned * output.spec.views,
-        "samples_committed": sum(c.samples for c in counts),
-        "quarantined": sum(c.quarantined for c in counts),
+        "samples_committed": samples,
+        "quarantined": quarantined,
     }
 
 
-def summary(output: Output) -> dict:
-    table = manifests(output.location)
-    errors = quarantine(output.location)
+def committed_tables(output: Output) -> tuple[pa.Table, pa.Table]:
+    """Every committed manifest row and quarantine row: read once, shared by the reports."""
+    return manifests(output.location), quarantine(output.location)
+
+
+def summary(output: Output, table: pa.Table, errors: pa.Table) -> dict:
+    shards = len(commit.committed_shards(output.location))
     return {
-        **status(output),
+        **_status(output, shards, table.num_rows, errors.num_rows),  # counted from what was read
         "labels": dict(Counter(table.column("label").to_pylist()).most_common()),
         "devices": dict(Counter(table.column("device").to_pylist())),
         "ops": op_statistics(table.column("ops").to_pylist(), table.num_rows),
@@ -375,10 +386,8 @@ def _one_line(message: str) -> str:
 # ---------------------------------------------------------------- statistics for audits
 
 
-def statistics(output: Output, bins: int = 10) -> dict:
+def statistics(output: Output, table: pa.Table, errors: pa.Table, bins: int = 10) -> dict:
     """Per-op application rates with parameter histograms, and label balance before/after."""
-    table = manifests(output.location)
-    errors = quarantine(output.location)
     samples = table.num_rows
     return {
         "samples": samples,

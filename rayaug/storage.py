@@ -242,9 +242,7 @@ def _explain(error: OSError) -> str:
     credentials = ("InvalidAccessKeyId", "INVALID_ACCESS_KEY", "SignatureDoesNotMatch")
     if any(m in text for m in (*credentials, "SIGNATURE_DOES_NOT_MATCH", "ACCESS_DENIED")):
         unset = "" if os.environ.get("AWS_ACCESS_KEY_ID") else "; AWS_ACCESS_KEY_ID is not set"
-        return (
-            f"credentials refused ({text}{unset}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
-        )
+        return f"credentials refused ({text}{unset}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
     if "NETWORK_CONNECTION" in text or "Couldn't connect" in text or "curlCode" in text:
         return f"endpoint unreachable ({text}); check storage.endpoint / AWS_ENDPOINT_URL"
     return text

@@ -71,7 +71,9 @@ def test_orphans_are_data_and_errors_without_a_manifest(out: Location) -> None:
         out.delete(path)
     assert commit.orphans(out, _keep(out, "tar")) == []
     assert sorted(p for p, _ in out.list(recursive=True)) == [
-        "_job/spec.yaml", "data/part-00000.tar", "errors/part-00000.parquet",
+        "_job/spec.yaml",
+        "data/part-00000.tar",
+        "errors/part-00000.parquet",
         "manifests/part-00000.parquet",
     ]
 
@@ -138,18 +140,16 @@ def test_a_second_lease_is_refused_while_the_first_is_held(out: Location) -> Non
     assert not out.exists(LOCK)
 
 
-def test_a_lease_of_a_dead_driver_on_this_host_is_taken_over(out: Location) -> None:
-    _write_lock(out, socket.gethostname(), _dead_pid(), time.time() + 3600)
-    lease = Lease(out, seconds=30)
-    lease.acquire()
-    try:
-        assert _lock(out)["run_id"] == lease.run_id
-    finally:
-        lease.release()
-
-
-def test_an_expired_lease_from_another_host_is_taken_over(out: Location) -> None:
-    _write_lock(out, "other-host.example", 4242, time.time() - 5)
+@pytest.mark.parametrize(
+    "holder",
+    [
+        lambda: (socket.gethostname(), _dead_pid(), time.time() + 3600),  # dead driver, this host
+        lambda: ("other-host.example", 4242, time.time() - 5),  # expired, another host
+    ],
+    ids=["dead-driver-on-this-host", "expired-on-another-host"],
+)
+def test_a_stale_lease_is_taken_over(out: Location, holder) -> None:
+    _write_lock(out, *holder())
     lease = Lease(out, seconds=30)
     lease.acquire()
     try:
