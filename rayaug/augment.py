@@ -8,24 +8,27 @@ sample, and a batch that fails is retried sample by sample so one bad image cost
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import kornia
 import numpy as np
 import torch
 
-from rayaug import codec, targets
-from rayaug.kernels import KERNELS
+from rayaug import codec, mixes, targets
+from rayaug.kernels import KERNELS, warp
 from rayaug.ops import (
     Applied,
     Canvas,
     GeometricOp,
+    MixOp,
     Op,
+    Tile,
     composed_warp,
     decode_reduction,
     draw_ops,
+    reduction_for,
 )
 from rayaug.records import (
     SHARED_VIEW,
@@ -36,11 +39,15 @@ from rayaug.records import (
     Targets,
     sample_seed,
 )
+from rayaug.sources import SourceIndex
 from rayaug.spec import JobSpec
 
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
 # identical between the job and a replay (actors scale out by count, not by threads).
 TORCH_THREADS = 1
+# A mix partner that cannot be read or decoded gives way to the next source (it is
+# quarantined as a sample of its own); after this many, the sample is quarantined.
+PARTNER_TRIES = 8
 
 
 def pick_device(num_gpus: float) -> str:
@@ -62,24 +69,44 @@ class _Item:
     image: torch.Tensor  # (3, H, W) float in [0, 1] on the device
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: np.eye(3))
-    targets: Targets | None = None
+    targets: Targets | None = None  # on `targets_canvas`; the ops from `targets_from` on are
+    targets_canvas: Canvas = (0, 0)  # still to be applied to them (a mix moves them early)
+    targets_from: int = 0
+    labels: mixes.SoftLabel = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._start = (self.image, self.canvas, self.pending)
+        self.targets_canvas = self.source_size
+        self.labels = {self.label: 1.0}
+        self._start = (self.image, self.canvas, self.pending, self.targets, self.labels)
+        self._planned = list(self.applied)  # before a mix records its partners
 
     def reset(self) -> None:
         """Back to the decoded source (ops return new tensors, so the original is intact)."""
-        self.image, self.canvas, self.pending = self._start
+        self.image, self.canvas, self.pending, self.targets, self.labels = self._start
+        self.applied = list(self._planned)
+        self.targets_canvas, self.targets_from = self.source_size, 0
+
+    def targets_now(self, upto: int) -> Targets | None:
+        """The targets moved through the geometric ops before `applied[upto]`."""
+        if self.targets is None:
+            return None
+        matrix = composed_warp(self.applied[self.targets_from : upto], self.targets_canvas)
+        return targets.move(self.targets, matrix, self.targets_canvas, self.canvas)
 
 
 class Augmenter:
     """Turns source samples into augmented views, on one device, with the spec's ops."""
 
-    def __init__(self, spec: JobSpec, device: str = "cpu") -> None:
+    def __init__(
+        self, spec: JobSpec, device: str = "cpu", partners: SourceIndex | None = None
+    ) -> None:
         torch.set_num_threads(TORCH_THREADS)
+        if spec.mixes and partners is None:
+            raise ValueError("a job with mix ops needs the index of its sources (partners)")
         self.spec = spec
         self.pipeline: list[Op] = spec.pipeline()
         self.device = torch.device(device)
+        self.partners = partners
 
     def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
         """Every view of every source, in order; failures become quarantine rows."""
@@ -146,15 +173,7 @@ class Augmenter:
         opened: codec.Opened,
     ) -> _Item:
         reduction = decode_reduction(applied, opened.canvas)
-        image = codec.decode_on_device(source.data or b"", opened, reduction, self.device)
-        if image is None:
-            pixels = torch.from_numpy(codec.decode(opened, reduction))
-            if self.device.type == "cuda":  # pinned: the copy overlaps the next decode
-                pixels = pixels.pin_memory()
-            pixels = pixels.to(self.device, non_blocking=True)
-            image = pixels.permute(2, 0, 1).to(torch.float32) / 255
-        reduced = tuple(image.shape[1:])
-        pending = _rescale(reduced, opened.canvas) if reduction > 1 else np.eye(3)
+        image, pending = self._decode(source.data or b"", opened, reduction)
         return _Item(
             source.key,
             source.uri,
@@ -168,6 +187,20 @@ class Augmenter:
             pending,
             source.targets,
         )
+
+    def _decode(
+        self, data: bytes, opened: codec.Opened, reduction: int
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Pixels (3, h, w) in [0, 1] on the device, and the matrix from them to the canvas."""
+        image = codec.decode_on_device(data, opened, reduction, self.device)
+        if image is None:
+            pixels = torch.from_numpy(codec.decode(opened, reduction))
+            if self.device.type == "cuda":  # pinned: the copy overlaps the next decode
+                pixels = pixels.pin_memory()
+            pixels = pixels.to(self.device, non_blocking=True)
+            image = pixels.permute(2, 0, 1).to(torch.float32) / 255
+        reduced = tuple(image.shape[1:])
+        return image, _rescale(reduced, opened.canvas) if reduction > 1 else np.eye(3)
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
         item.reset()
@@ -189,10 +222,70 @@ class Augmenter:
                     for item, step in steps:
                         matrix, item.canvas = step.op.matrix(step.params, item.canvas)
                         item.pending = matrix @ item.pending
+                    continue
+                _warp([item for item, _ in steps])
+                if issubclass(steps[0][1].op, MixOp):
+                    for item, step in steps:
+                        self._mix(item, item.applied.index(step))
                 else:
-                    _warp([item for item, _ in steps])
                     self._photometric(steps)
         _warp(items)
+
+    # ------------------------------------------------------------ mixes
+
+    def _mix(self, item: _Item, at: int) -> None:
+        """Mix the sample with its partners; the step gets their keys, for the record."""
+        step = item.applied[at]
+        tiles = {tile.image: tile for tile in step.op.tiles(step.params, item.canvas)}
+        partners = self._partners(item, step, tiles)
+        records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
+        item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
+        sample = mixes.Layer(item.image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
+        layers = [sample, *(layer for _, layer in partners)]
+        mixed = mixes.mix(step.op, step.params, item.canvas, layers)
+        item.image, item.targets, item.labels = mixed.image, mixed.targets, mixed.labels
+        item.targets_canvas, item.targets_from = item.canvas, at + 1
+
+    def _partners(
+        self, item: _Item, step: Applied, tiles: dict[int, Tile]
+    ) -> list[tuple[SourceSample, mixes.Layer]]:
+        """The recorded partners (a replay), or those the step's picks choose (a job)."""
+        recorded = step.params.get("partners")
+        partners = []
+        for number in range(1, step.op.partner_count + 1):
+            tile = tiles.get(number)
+            if recorded is not None:
+                found = self.partners.find(recorded[number - 1]["uri"], recorded[number - 1]["key"])
+                partners.append((found, self._partner_layer(found, tile)))
+            else:
+                partners.append(self._pick(step.params["picks"][number - 1], item.source_key, tile))
+        return partners
+
+    def _pick(
+        self, pick: float, exclude: str, tile: Tile | None
+    ) -> tuple[SourceSample, mixes.Layer]:
+        total = len(self.partners)
+        first, failures = int(pick * total), []
+        for index in range(first, first + PARTNER_TRIES):
+            candidate = self.partners.read(index % total)
+            if candidate.key == exclude and total > 1:
+                continue
+            try:
+                if candidate.error is not None:
+                    raise ValueError(candidate.error)
+                return candidate, self._partner_layer(candidate, tile)
+            except Exception as error:  # noqa: BLE001 - a bad partner is the next one's turn
+                failures.append(f"{candidate.key}: {error}")
+        raise ValueError(
+            f"no usable mix partner among sources {first}..{first + PARTNER_TRIES - 1}: "
+            + "; ".join(failures[:3])
+        )
+
+    def _partner_layer(self, source: SourceSample, tile: Tile | None) -> mixes.Layer:
+        opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
+        reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
+        image, to_canvas = self._decode(source.data or b"", opened, reduction)
+        return mixes.Layer(image, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
@@ -224,15 +317,9 @@ class Augmenter:
             image=data,
             height=pixels.shape[1],
             width=pixels.shape[2],
-            targets=self._moved_targets(item, (pixels.shape[1], pixels.shape[2])),
+            targets=item.targets_now(len(item.applied)),
+            soft_label=item.labels if any(s.op.kind == "mix" for s in item.applied) else None,
         )
-
-    @staticmethod
-    def _moved_targets(item: _Item, canvas: Canvas) -> Targets | None:
-        if item.targets is None:
-            return None
-        matrix = composed_warp(item.applied, item.source_size)
-        return targets.move(item.targets, matrix, item.source_size, canvas)
 
 
 def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
@@ -250,15 +337,7 @@ def _warp(items: list[_Item]) -> None:
             groups[(tuple(item.image.shape), item.canvas)].append(item)
     for (_, canvas), group in groups.items():
         images = torch.stack([item.image for item in group])
-        matrices = torch.tensor(np.stack([item.pending for item in group]), dtype=torch.float32)
-        warped = kornia.geometry.transform.warp_perspective(
-            images,
-            matrices.to(images.device),
-            canvas,
-            mode="bilinear",
-            padding_mode="zeros",
-            align_corners=True,
-        )
+        warped = warp(images, np.stack([item.pending for item in group]), canvas)
         for item, image in zip(group, warped, strict=True):
             item.image, item.pending = image, np.eye(3)
 

@@ -321,7 +321,10 @@ def _print_labels(labels: dict, limit: int = 30) -> None:
         markup=False,
     )
     table = Table(show_edge=False)
-    for column in ("label", "sources", "share", "samples", "share", "kept"):
+    columns = ["label", "sources", "share", "samples", "share", "kept"]
+    if labels["mixed"]:  # after mix ops, what each class weighs in the soft labels
+        columns.append("soft share")
+    for column in columns:
         table.add_column(column, justify="left" if column == "label" else "right")
     classes = labels["classes"]
     # Most skewed first when there are many classes, so the rows shown are the ones to look at.
@@ -336,6 +339,7 @@ def _print_labels(labels: dict, limit: int = 30) -> None:
             str(c["samples"]),
             f"{c['sample_share']:.1%}",
             kept,
+            *([f"{c['soft_share']:.1%}"] if labels["mixed"] else []),
         )
     out_console.print(table)
     if len(classes) > limit:

@@ -459,6 +459,7 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
         basis = "source keys in manifests and quarantine"
     after = Counter(table.column("label").to_pylist())
     sources, samples = sum(before.values()), sum(after.values())
+    soft = _soft_label_mass(table)
     classes = [
         {
             "label": label,
@@ -468,6 +469,7 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
             "sample_share": round(after[label] / samples, 4) if samples else 0.0,
             "kept": round(after[label] / (before[label] * views), 4) if before[label] else None,
         }
+        | ({"soft_share": round(soft[label] / samples, 4)} if soft else {})
         for label in sorted(set(before) | set(after), key=lambda x: (x is None, str(x)))
     ]
     return {
@@ -475,8 +477,25 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
         "views": views,
         "sources": sources,
         "samples": samples,
+        "mixed": bool(soft),
         "classes": classes,
     }
+
+
+def _soft_label_mass(table: pa.Table) -> Counter:
+    """Each label's share of the training signal once mixes are counted (a mixed sample gives
+    each of its labels its weight; an unmixed one gives its label 1); empty without mixes."""
+    if "soft_label" not in table.column_names or table.column("soft_label").null_count == len(
+        table
+    ):
+        return Counter()
+    mass: Counter = Counter()
+    for label, soft in zip(
+        table.column("label").to_pylist(), table.column("soft_label").to_pylist(), strict=True
+    ):
+        for entry in soft or [{"label": label, "weight": 1.0}]:
+            mass[entry["label"]] += entry["weight"]
+    return mass
 
 
 def _source_labels(table: pa.Table, errors: pa.Table) -> Counter:

@@ -25,7 +25,7 @@ from rayaug import commit, inspect
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.plan import JobPlan, pending_units, prepare, versions
 from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
-from rayaug.sources import WorkUnit, read_unit
+from rayaug.sources import SourceIndex, WorkUnit, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
 
@@ -323,7 +323,11 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     )
     dataset = dataset.map_batches(
         _AugmentStage,
-        fn_constructor_kwargs={"spec": spec, "num_gpus": shape.gpus_per_actor},
+        fn_constructor_kwargs={
+            "spec": spec,
+            "num_gpus": shape.gpus_per_actor,
+            "sources": _source_index_args(spec, plan),
+        },
         batch_size=1,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=shape.size),
@@ -334,6 +338,11 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     return dataset.map(
         _write, fn_kwargs={"spec": spec}, num_cpus=IO_TASK_CPUS, ray_remote_args_fn=_task_retries
     )
+
+
+def _source_index_args(spec: JobSpec, plan: JobPlan) -> bytes | None:
+    """Every unit of the plan (not only those pending): partners come from all sources."""
+    return pickle.dumps((plan.format, plan.units)) if spec.mixes else None
 
 
 def _task_retries() -> dict:
@@ -361,12 +370,17 @@ def _read(row: dict, spec: JobSpec, fmt: str) -> dict:
 class _AugmentStage:
     """One actor: builds its Augmenter once (torch and kornia load here, not per batch)."""
 
-    def __init__(self, spec: JobSpec, num_gpus: float) -> None:
+    def __init__(self, spec: JobSpec, num_gpus: float, sources: bytes | None) -> None:
         # Imported here, not at the top: read and write workers load this module too, and
         # torch would cost each of them ~400 MB and seconds of a scarce CPU.
         from rayaug.augment import Augmenter, pick_device
 
-        self.augmenter = Augmenter(spec, pick_device(num_gpus))
+        partners = None
+        if sources is not None:  # mix ops read their partners from the input themselves
+            fmt, units = pickle.loads(sources)
+            location = open_location(spec.input.uri, spec.storage)
+            partners = SourceIndex(location, spec.input, fmt, units)
+        self.augmenter = Augmenter(spec, pick_device(num_gpus), partners)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs = [self.augmenter.augment(pickle.loads(s)) for s in batch["sources"]]

@@ -19,6 +19,19 @@ from rayaug.ops import Params
 Kernel = Callable[[torch.Tensor, list[Params]], torch.Tensor]
 
 
+def warp(images: torch.Tensor, matrices: np.ndarray, canvas: tuple[int, int]) -> torch.Tensor:
+    """Images (B, 3, h, w) through per-image pixel homographies (B, 3, 3) onto a (H, W) canvas
+    (pixel centres at integer coordinates, black outside the source)."""
+    return kornia.geometry.transform.warp_perspective(
+        images,
+        torch.tensor(matrices, dtype=torch.float32, device=images.device),
+        canvas,
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=True,
+    )
+
+
 def _per_sample(params: list[Params], key: str, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor([p[key] for p in params], dtype=like.dtype, device=like.device)
 

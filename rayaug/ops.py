@@ -61,7 +61,7 @@ class Op(BaseModel):
     """An op's configuration (from the spec) and its behaviour."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: ClassVar[Literal["geometric", "photometric", "composite"]]
+    kind: ClassVar[Literal["geometric", "photometric", "composite", "mix"]]
     p: float = Field(1.0, ge=0, le=1, description="probability that a sample gets this op")
     same_on_views: bool = Field(False, description="draw once per source: every view alike")
 
@@ -543,12 +543,149 @@ class Invert(PhotometricOp):
     name: Literal["invert"] = "invert"
 
 
+# ---------------------------------------------------------------- mixes (several sources)
+
+Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in canvas pixels (edges)
+
+
+def _cover(source: Canvas, size: Canvas) -> np.ndarray:
+    """Scale `source` (aspect kept) to cover `size`, keeping its centre."""
+    scale = max(size[0] / source[0], size[1] / source[1])
+    w, h = size[1] / scale, size[0] / scale
+    return _crop_resize([(source[1] - w) / 2, (source[0] - h) / 2, w, h], size)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Where one image of a mix lands: cover-fitted to `fit`, of which `rect` is kept."""
+
+    image: int  # 0: the sample itself; i ≥ 1: its i-th partner
+    fit: Box
+    rect: Box
+
+    @property
+    def size(self) -> Canvas:
+        return (self.rect[3] - self.rect[1], self.rect[2] - self.rect[0])
+
+    def matrix(self, source: Canvas) -> np.ndarray:
+        """Source pixels → pixels of `rect` (its top-left pixel at 0, 0)."""
+        x0, y0, x1, y1 = self.fit
+        shift = _scale_translate(1, 1, x0 - self.rect[0], y0 - self.rect[1])
+        return shift @ _cover(source, (y1 - y0, x1 - x0))
+
+    def placement(self, source: Canvas) -> np.ndarray:
+        """Source pixels → canvas pixels (what the image's labels go through)."""
+        return _scale_translate(1, 1, self.rect[0], self.rect[1]) @ self.matrix(source)
+
+
+class MixOp(Op):
+    """Mixes the sample with partner sources, picked from the job's whole source list.
+
+    `draw` records `picks` (uniform numbers that choose the partners); the augment stage
+    resolves them to the partners' keys, recorded as `partners`, which is what a replay reads.
+    `weights` (the sample first, then each partner) are the shares of the soft label.
+    """
+
+    kind: ClassVar = "mix"
+    partner_count: ClassVar[int] = 1
+    blend: ClassVar[Literal["mix", "paste"]] = "paste"
+
+    def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        picks = [float(rng.random()) for _ in range(self.partner_count)]
+        return self.layout(rng, canvas) | {"picks": picks}
+
+    def layout(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        raise NotImplementedError
+
+    @staticmethod
+    def tiles(params: Params, canvas: Canvas) -> list[Tile]:
+        """The images pasted (or blended) onto the canvas, in order."""
+        raise NotImplementedError
+
+
+def _whole(canvas: Canvas) -> Box:
+    return (0, 0, canvas[1], canvas[0])
+
+
+class MixUp(MixOp):
+    """Blend with one partner: `weights[0]`·sample + `weights[1]`·partner (λ ~ Beta(α, α))."""
+
+    name: Literal["mixup"] = "mixup"
+    alpha: float = Field(1.0, gt=0)
+    blend: ClassVar = "mix"
+
+    def layout(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        lam = float(rng.beta(self.alpha, self.alpha))
+        return {"weights": [lam, 1 - lam]}
+
+    @staticmethod
+    def tiles(params: Params, canvas: Canvas) -> list[Tile]:
+        return [Tile(1, _whole(canvas), _whole(canvas))]
+
+
+class CutMix(MixOp):
+    """Paste a box of one partner (fitted to the canvas) over the sample; its area is ~Beta."""
+
+    name: Literal["cutmix"] = "cutmix"
+    alpha: float = Field(1.0, gt=0)
+
+    def layout(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        height, width = canvas
+        cut = math.sqrt(1 - float(rng.beta(self.alpha, self.alpha)))
+        cx, cy = int(rng.integers(0, width)), int(rng.integers(0, height))
+        half_w, half_h = int(width * cut) // 2, int(height * cut) // 2
+        box = [max(cx - half_w, 0), max(cy - half_h, 0)]
+        box += [min(cx + half_w, width), min(cy + half_h, height)]
+        share = (box[2] - box[0]) * (box[3] - box[1]) / (width * height)
+        return {"box": box, "weights": [1 - share, share]}
+
+    @staticmethod
+    def tiles(params: Params, canvas: Canvas) -> list[Tile]:
+        x0, y0, x1, y1 = params["box"]
+        return [Tile(1, _whole(canvas), (x0, y0, x1, y1))] if x1 > x0 and y1 > y0 else []
+
+
+class Mosaic(MixOp):
+    """Four images in a 2x2 grid split at a random centre: the sample top-left, then three
+    partners (top-right, bottom-left, bottom-right), each cover-fitted to its cell."""
+
+    name: Literal["mosaic"] = "mosaic"
+    centre: tuple[float, float] = Field((0.25, 0.75), description="split point range, 0–1")
+    partner_count: ClassVar = 3
+
+    @field_validator("centre")
+    @classmethod
+    def _inside(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < value[0] <= value[1] < 1:
+            raise ValueError("must be [low, high] with 0 < low ≤ high < 1")
+        return value
+
+    def layout(self, rng: np.random.Generator, canvas: Canvas) -> Params:
+        height, width = canvas
+        cx = min(max(round(width * _uniform(rng, self.centre)), 1), max(width - 1, 1))
+        cy = min(max(round(height * _uniform(rng, self.centre)), 1), max(height - 1, 1))
+        cells = self.tiles({"centre": [cx, cy]}, canvas)
+        areas = {tile.image: tile.size[0] * tile.size[1] / (width * height) for tile in cells}
+        return {"centre": [cx, cy], "weights": [areas.get(i, 0.0) for i in range(4)]}
+
+    @staticmethod
+    def tiles(params: Params, canvas: Canvas) -> list[Tile]:
+        (cx, cy), (height, width) = params["centre"], canvas
+        cells = [(0, 0, cx, cy), (cx, 0, width, cy), (0, cy, cx, height), (cx, cy, width, height)]
+        return [
+            Tile(i, cell, cell)
+            for i, cell in enumerate(cells)
+            if cell[2] > cell[0] and cell[3] > cell[1]
+        ]
+
+
 GEOMETRIC = (Resize, CenterCrop, RandomCrop, RandomResizedCrop, HorizontalFlip, VerticalFlip)
 GEOMETRIC += (Rotation, Affine, Perspective)
 PHOTOMETRIC = (ColorJitter, Grayscale, GaussianBlur, GaussianNoise, SaltAndPepper, Erasing)
 PHOTOMETRIC += (Sharpness, Posterize, Solarize, Equalize, AutoContrast, Invert)
+MIXES = (MixUp, CutMix, Mosaic)
 CATALOGUE: dict[str, type[Op]] = {
-    cls.model_fields["name"].default: cls for cls in GEOMETRIC + PHOTOMETRIC
+    cls.model_fields["name"].default: cls for cls in GEOMETRIC + PHOTOMETRIC + MIXES
 }
 
 CatalogueOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  # noqa: UP007
@@ -626,7 +763,11 @@ def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
 
     A pure function of the plan, so a replay decodes at the same scale as the job did.
     """
-    linear = composed_warp(applied, canvas, leading_only=True)[:2, :2]
+    return reduction_for(composed_warp(applied, canvas, leading_only=True))
+
+
+def reduction_for(matrix: np.ndarray) -> int:
+    """Source pixels per output pixel of a homography's linear part, rounded down."""
     # The least-shrunk direction decides: a mean (sqrt of det) over-shrinks a squashed axis.
-    stretch = float(np.linalg.svd(linear, compute_uv=False)[0])
+    stretch = float(np.linalg.svd(matrix[:2, :2], compute_uv=False)[0])
     return max(1, int(1 / stretch + 1e-9)) if stretch > 0 else 1  # k - 1e-15 is still k

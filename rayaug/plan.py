@@ -52,6 +52,11 @@ class JobPlan:
 
 def make_plan(spec: JobSpec, source: Location) -> JobPlan:
     listing: Listing = list_input(source, spec.input, spec.output.shard_size)
+    if spec.mixes and listing.format == "webdataset":
+        raise UsageError(
+            f"input {source.uri} is WebDataset: mix ops pick partners from all sources, which "
+            "needs random access, and tar shards are read in sequence (use Parquet or a folder)"
+        )
     files = [f"{path}:{size}" for path, size in listing.files]
     digest = fingerprint(spec, files, versions())
     return JobPlan(listing.format, listing.units, listing.ignored, digest)

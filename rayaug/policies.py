@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal, Union
 import numpy as np
 from pydantic import Field, model_validator
 
-from rayaug.ops import GEOMETRIC, PHOTOMETRIC, Canvas, Op, Params, advance
+from rayaug.ops import GEOMETRIC, MIXES, PHOTOMETRIC, Canvas, Op, Params, advance
 
 Step = tuple[str, Params]
 
@@ -257,5 +257,8 @@ class AutoAugment(CompositeOp):
 COMPOSITE = (OneOf, SomeOf, RandAugment, TrivialAugment, AutoAugment)
 _ALL = Union[GEOMETRIC + PHOTOMETRIC + COMPOSITE]  # noqa: UP007 - built from a tuple
 AnyOp = Annotated[_ALL, Field(discriminator="name")]
+# Mixes read other sources: top-level ops only, never drawn by a composite.
+_TOP_LEVEL = Union[GEOMETRIC + PHOTOMETRIC + COMPOSITE + MIXES]  # noqa: UP007
+PipelineOp = Annotated[_TOP_LEVEL, Field(discriminator="name")]
 for _composite in (OneOf, SomeOf):
     _composite.model_rebuild()

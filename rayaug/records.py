@@ -83,10 +83,18 @@ class AugmentedSample:
     height: int
     width: int
     targets: Targets | None = None
+    soft_label: dict[str | None, float] | None = None  # label → share, after a mix op
 
     @property
     def sample_id(self) -> str:
         return sample_id(self.source_key, self.view)
+
+    @property
+    def soft_label_rows(self) -> list[dict] | None:
+        """The soft label as Arrow/JSON rows: [{"label": ..., "weight": ...}]."""
+        if self.soft_label is None:
+            return None
+        return [{"label": label, "weight": weight} for label, weight in self.soft_label.items()]
 
     @property
     def sha256(self) -> str:

@@ -31,6 +31,12 @@ def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
     source = sources.read_one(
         source_location, output.spec.input, output.plan.format, row["source_uri"], row["source_key"]
     )
-    augmenter = Augmenter(output.spec, pick_device(1 if row["device"] == "cuda" else 0))
+    partners = None
+    if output.spec.mixes:
+        partners = sources.SourceIndex(
+            source_location, output.spec.input, output.plan.format, output.plan.units
+        )
+    device = pick_device(1 if row["device"] == "cuda" else 0)
+    augmenter = Augmenter(output.spec, device, partners)
     image = augmenter.replay(source, row["view"], row["seed"], from_records(json.loads(row["ops"])))
     return Replay(row, image)

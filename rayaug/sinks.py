@@ -21,6 +21,8 @@ from rayaug.records import AugmentedSample, Quarantined, ShardOutput
 from rayaug.spec import OutputSpec
 from rayaug.storage import Location
 
+# After a mix op: each label's share of the sample (null when no mix was applied).
+SOFT_LABEL = pa.list_(pa.struct([("label", pa.string()), ("weight", pa.float64())]))
 MANIFEST_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
@@ -42,6 +44,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("rayaug_version", pa.string()),
         ("kornia_version", pa.string()),
         ("targets", pa.string()),
+        ("soft_label", SOFT_LABEL),
     ]
 )
 DATA_SCHEMA = pa.schema(
@@ -55,6 +58,7 @@ DATA_SCHEMA = pa.schema(
         ("classes", pa.list_(pa.int32())),
         ("keypoints", pa.list_(pa.list_(pa.float64()))),  # [x, y, visibility]
         ("mask", pa.binary()),  # PNG of class ids
+        ("soft_label", SOFT_LABEL),
     ]
 )
 # Manifest file metadata: how many sources the shard read, so verify can account for each view.
@@ -129,6 +133,7 @@ def _data_bytes(samples: list[AugmentedSample], shard: str, context: WriteContex
                 "width": s.width,
                 "height": s.height,
                 **_target_columns(s),
+                "soft_label": s.soft_label_rows,
             }
             for s in samples
         ]
@@ -161,6 +166,8 @@ def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> by
                 "view": sample.view,
                 "label": sample.label,
             }
+            if sample.soft_label is not None:
+                meta["soft_label"] = sample.soft_label_rows
             if sample.targets is not None:
                 meta |= {k: v for k, v in sample.targets.to_json().items() if k != "mask"}
             members = [(extension, sample.image), ("json", json.dumps(meta).encode())]
@@ -198,6 +205,7 @@ def _manifest_row(
         "rayaug_version": context.versions["rayaug"],
         "kornia_version": context.versions["kornia"],
         "targets": None if sample.targets is None else json.dumps(sample.targets.to_json()),
+        "soft_label": sample.soft_label_rows,
     }
 
 

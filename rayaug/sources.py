@@ -8,13 +8,16 @@ member names cannot escape; a sample that cannot be read becomes a SourceSample 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import io
+import itertools
 import json
 import lzma
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -203,7 +206,14 @@ def _read_file(location: Location, path: str) -> SourceSample:
 
 def _read_parquet(location: Location, spec: InputSpec, unit: WorkUnit) -> Iterator[SourceSample]:
     path, (start, stop) = unit.files[0], unit.rows
-    table = _parquet_rows(location, path, start, stop)
+    yield from _parquet_samples(location, spec, unit, _parquet_rows(location, path, start, stop))
+
+
+def _parquet_samples(
+    location: Location, spec: InputSpec, unit: WorkUnit, table: pa.Table
+) -> Iterator[SourceSample]:
+    """The samples of a unit's rows (`table`)."""
+    path, start = unit.files[0], unit.rows[0]
     images = _image_values(table.column(spec.image_column))
     labels = _optional_column(table, spec.label_column)
     keys = _optional_column(table, spec.key_column)
@@ -257,15 +267,16 @@ def _parquet_rows(location: Location, path: str, start: int, stop: int) -> pa.Ta
 
 def _row_range(parquet: pq.ParquetFile, start: int, stop: int) -> pa.Table:
     """Only the row groups that overlap [start, stop) are read."""
-    groups, first, offset = [], None, 0
-    for index in range(parquet.num_row_groups):
-        rows = parquet.metadata.row_group(index).num_rows
-        if offset < stop and offset + rows > start:
-            groups.append(index)
-            first = offset if first is None else first
-        offset += rows
-    table = parquet.read_row_groups(groups)
-    return table.slice(start - (first or 0), stop - start)
+    groups = _row_groups(parquet.metadata)
+    chosen = [i for i, (first, rows) in enumerate(groups) if first < stop and first + rows > start]
+    table = parquet.read_row_groups(chosen)
+    return table.slice(start - groups[chosen[0]][0] if chosen else 0, stop - start)
+
+
+def _row_groups(metadata: pq.FileMetaData) -> list[tuple[int, int]]:
+    """(first row, rows) of each row group."""
+    counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    return list(zip(itertools.accumulate(counts, initial=0), counts, strict=False))
 
 
 def _image_values(column: pa.ChunkedArray) -> list[bytes | None]:
@@ -374,6 +385,71 @@ def read_one(
     if found is None:
         raise UsageError(f"source {key!r} is no longer in {source_uri}")
     return found
+
+
+# ---------------------------------------------------------------- random access (mix partners)
+
+
+class SourceIndex:
+    """Every source of the job by position (folder files, Parquet rows, in plan order): what
+    mix ops pick partners from. A tar has no index, so WebDataset input has none."""
+
+    CACHED_ROW_GROUPS = 8  # a partner costs its row group; neighbours are often picked again
+
+    def __init__(
+        self, location: Location, spec: InputSpec, fmt: str, units: Sequence[WorkUnit]
+    ) -> None:
+        if fmt not in ("folder", "parquet"):
+            raise UsageError(
+                "mix ops (mixup, cutmix, mosaic) pick partners from all sources, which needs "
+                f"random access; {fmt} input is read in sequence (use Parquet or a folder)"
+            )
+        self.location, self.spec, self.fmt, self.units = location, spec, fmt, list(units)
+        self._starts = list(itertools.accumulate((u.planned or 0 for u in units), initial=0))
+        self._metadata: dict[str, pq.FileMetaData] = {}
+        self._groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def read(self, index: int) -> SourceSample:
+        """The source at `index` (0 ≤ index < len), as the job's read stage would give it."""
+        number = bisect.bisect_right(self._starts, index) - 1
+        unit, offset = self.units[number], index - self._starts[number]
+        if self.fmt == "folder":
+            return read_unit(
+                self.location, self.spec, self.fmt, WorkUnit(unit.shard, (unit.files[offset],))
+            )[0]
+        row = unit.rows[0] + offset
+        duplicates = tuple((0, *rest) for at, *rest in unit.duplicates if at == offset)
+        one_row = WorkUnit(unit.shard, unit.files, (row, row + 1), 1, duplicates)
+        return next(
+            _parquet_samples(self.location, self.spec, one_row, self._row(unit.files[0], row))
+        )
+
+    def find(self, uri: str, key: str) -> SourceSample:
+        """A source by its recorded URI and key (what a replay of a mix reads)."""
+        return read_one(self.location, self.spec, self.fmt, uri, key)
+
+    def _row(self, path: str, row: int) -> pa.Table:
+        if path not in self._metadata:
+            self._metadata[path] = _parquet_metadata(self.location, path)
+        groups = _row_groups(self._metadata[path])
+        group = next(i for i, (first, rows) in enumerate(groups) if first <= row < first + rows)
+        if (path, group) not in self._groups:
+            self._groups[(path, group)] = _parquet_group(self.location, path, group)
+            if len(self._groups) > self.CACHED_ROW_GROUPS:
+                self._groups.popitem(last=False)
+        self._groups.move_to_end((path, group))
+        return self._groups[(path, group)].slice(row - groups[group][0], 1)
+
+
+def _parquet_group(location: Location, path: str, group: int) -> pa.Table:
+    def read() -> pa.Table:
+        with location.fs.open_input_file(location.path(path)) as handle:
+            return pq.ParquetFile(handle).read_row_group(group)
+
+    return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
 
 
 # ---------------------------------------------------------------- label targets

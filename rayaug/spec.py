@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rayaug.errors import SpecError
-from rayaug.ops import Resize
-from rayaug.policies import AnyOp
+from rayaug.ops import MixOp, MixUp, Resize
+from rayaug.policies import PipelineOp
 
 SPEC_VERSION = 1
 
@@ -109,12 +109,32 @@ class JobSpec(Model):
     output: OutputSpec
     views: int = Field(1, ge=1, le=10_000)
     seed: int = Field(0, ge=0, lt=2**63)
-    ops: list[AnyOp] = Field(min_length=1)
+    ops: list[PipelineOp] = Field(min_length=1)
     execution: ExecutionSpec = ExecutionSpec()
     errors: ErrorPolicy = ErrorPolicy()
     storage: StorageSpec = StorageSpec()
 
-    def pipeline(self) -> list[AnyOp]:
+    @model_validator(mode="after")
+    def _mixes_can_read_partners(self) -> JobSpec:
+        for i, op in enumerate(self.ops):
+            if isinstance(op, MixOp) and self.input.format == "webdataset":
+                raise ValueError(
+                    f"ops[{i}]: {op.name} picks partners from all sources, which needs random "
+                    "access; WebDataset tar shards are read in sequence (use Parquet or a folder)"
+                )
+            if isinstance(op, MixUp) and self.input.masks:
+                raise ValueError(
+                    f"ops[{i}]: mixup cannot blend segmentation masks (input.masks is set); "
+                    "use cutmix or mosaic"
+                )
+        return self
+
+    @property
+    def mixes(self) -> bool:
+        """Whether the job reads partner sources (mix ops)."""
+        return any(isinstance(op, MixOp) for op in self.ops)
+
+    def pipeline(self) -> list[PipelineOp]:
         """The ops every sample goes through, the output size included."""
         if self.output.size is None:
             return list(self.ops)

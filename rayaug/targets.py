@@ -23,6 +23,7 @@ from PIL import Image
 from rayaug.records import Targets
 
 MIN_VISIBLE = 0.3
+Rect = tuple[int, int, int, int]  # x0, y0, x1, y1 in output pixels (edges)
 
 
 def _project(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -32,13 +33,13 @@ def _project(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
     return moved[:, :2] / moved[:, 2:3] + 0.5
 
 
-def _move_boxes(targets: Targets, matrix: np.ndarray, canvas: tuple[int, int]):
-    height, width = canvas
+def _move_boxes(targets: Targets, matrix: np.ndarray, rect: Rect):
+    """Boxes through `matrix`, clipped to `rect`; kept when enough of each stays visible."""
     boxes, classes = [], []
     for (x0, y0, x1, y1), cls in zip(targets.boxes, targets.classes, strict=True):
         corners = _project(matrix, np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]))
         (lx, ly), (hx, hy) = corners.min(axis=0), corners.max(axis=0)
-        cx0, cy0, cx1, cy1 = max(lx, 0), max(ly, 0), min(hx, width), min(hy, height)
+        cx0, cy0, cx1, cy1 = max(lx, rect[0]), max(ly, rect[1]), min(hx, rect[2]), min(hy, rect[3])
         area = (hx - lx) * (hy - ly)
         clipped = max(cx1 - cx0, 0) * max(cy1 - cy0, 0)
         if cx1 - cx0 >= 1 and cy1 - cy0 >= 1 and clipped >= MIN_VISIBLE * area:
@@ -47,39 +48,122 @@ def _move_boxes(targets: Targets, matrix: np.ndarray, canvas: tuple[int, int]):
     return boxes, classes
 
 
-def _move_keypoints(keypoints: list[list[float]], matrix: np.ndarray, canvas: tuple[int, int]):
+def _inside(points: np.ndarray, rect: Rect) -> np.ndarray:
+    inside = (points[:, 0] >= rect[0]) & (points[:, 0] < rect[2])
+    return inside & (points[:, 1] >= rect[1]) & (points[:, 1] < rect[3])
+
+
+def _move_keypoints(keypoints: list[list[float]], matrix: np.ndarray, rect: Rect):
     if not keypoints:
         return []
     points = np.array(keypoints, dtype=np.float64)
     moved = _project(matrix, points[:, :2])
-    inside = (moved[:, 0] >= 0) & (moved[:, 0] < canvas[1]) & (moved[:, 1] >= 0)
-    inside &= moved[:, 1] < canvas[0]
-    visibility = np.where(inside, points[:, 2], 0.0)
+    visibility = np.where(_inside(moved, rect), points[:, 2], 0.0)
     return [[float(x), float(y), float(v)] for (x, y), v in zip(moved, visibility, strict=True)]
 
 
-def _move_mask(mask: bytes, matrix: np.ndarray, source: tuple[int, int], canvas: tuple[int, int]):
-    ids = np.array(Image.open(io.BytesIO(mask)).convert("L"), dtype=np.float32)
+def mask_ids(mask: bytes) -> np.ndarray:
+    """A mask PNG as an (h, w) array of class ids."""
+    return np.array(Image.open(io.BytesIO(mask)).convert("L"), dtype=np.uint8)
+
+
+def mask_png(ids: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(ids.astype(np.uint8), "L").save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _move_mask(
+    mask: bytes, matrix: np.ndarray, source: tuple[int, int], canvas: tuple[int, int]
+) -> np.ndarray:
+    ids = mask_ids(mask)
     if ids.shape != source:
         raise ValueError(f"mask is {ids.shape[1]}x{ids.shape[0]}, image {source[1]}x{source[0]}")
     warped = kornia.geometry.transform.warp_perspective(
-        torch.from_numpy(ids)[None, None],
+        torch.from_numpy(ids.astype(np.float32))[None, None],
         torch.tensor(matrix, dtype=torch.float32)[None],
         canvas,
         mode="nearest",
         padding_mode="zeros",
         align_corners=True,
     )
-    buffer = io.BytesIO()
-    Image.fromarray(warped[0, 0].round().to(torch.uint8).numpy(), "L").save(buffer, "PNG")
-    return buffer.getvalue()
+    return warped[0, 0].round().to(torch.uint8).numpy()
 
 
 def move(
-    targets: Targets, matrix: np.ndarray, source: tuple[int, int], canvas: tuple[int, int]
+    targets: Targets,
+    matrix: np.ndarray,
+    source: tuple[int, int],
+    canvas: tuple[int, int],
+    rect: Rect | None = None,
 ) -> Targets:
-    """The targets of the output: through `matrix` from the source canvas (h, w) to `canvas`."""
-    boxes, classes = _move_boxes(targets, matrix, canvas)
-    keypoints = _move_keypoints(targets.keypoints, matrix, canvas)
-    mask = None if targets.mask is None else _move_mask(targets.mask, matrix, source, canvas)
+    """The targets of the output: through `matrix` from the source canvas (h, w) to `canvas`,
+    keeping only what lies in `rect` (default: all of the canvas)."""
+    rect = rect or (0, 0, canvas[1], canvas[0])
+    boxes, classes = _move_boxes(targets, matrix, rect)
+    keypoints = _move_keypoints(targets.keypoints, matrix, rect)
+    mask = None
+    if targets.mask is not None:
+        ids = _move_mask(targets.mask, matrix, source, canvas)
+        ids[_outside(rect, canvas)] = 0
+        mask = mask_png(ids)
     return Targets(boxes, classes, keypoints, mask)
+
+
+def _outside(rect: Rect, canvas: tuple[int, int]) -> np.ndarray:
+    outside = np.ones(canvas, dtype=bool)
+    outside[rect[1] : rect[3], rect[0] : rect[2]] = False
+    return outside
+
+
+# ---------------------------------------------------------------- mixes
+
+
+def occlude(targets: Targets, rect: Rect) -> Targets:
+    """What stays visible of `targets` under an image pasted over `rect`: boxes keep their
+    extent while at least MIN_VISIBLE of them is uncovered; covered keypoints get visibility 0.
+    The mask is left to `overlay`, which pastes the covering mask."""
+    boxes, classes = [], []
+    for box, cls in zip(targets.boxes, targets.classes, strict=True):
+        area = (box[2] - box[0]) * (box[3] - box[1])
+        covered = max(min(box[2], rect[2]) - max(box[0], rect[0]), 0) * max(
+            min(box[3], rect[3]) - max(box[1], rect[1]), 0
+        )
+        if area - covered >= MIN_VISIBLE * area:
+            boxes.append(box)
+            classes.append(cls)
+    keypoints = [
+        [x, y, 0.0 if rect[0] <= x < rect[2] and rect[1] <= y < rect[3] else v]
+        for x, y, v in targets.keypoints
+    ]
+    return Targets(boxes, classes, keypoints, targets.mask)
+
+
+def overlay(below: Targets, above: Targets, rect: Rect) -> Targets:
+    """The targets of `above` (already inside `rect`) pasted over those of `below`."""
+    below = occlude(below, rect)
+    mask = None
+    if below.mask is not None or above.mask is not None:
+        if below.mask is None or above.mask is None:
+            raise ValueError("a mix needs a mask on every image or on none")
+        ids, pasted = mask_ids(below.mask), mask_ids(above.mask)
+        inside = ~_outside(rect, ids.shape)
+        ids[inside] = pasted[inside]
+        mask = mask_png(ids)
+    return _joined(below, above, mask)
+
+
+def blend(first: Targets, second: Targets) -> Targets:
+    """Both images' targets, for a blend of the two (MixUp): class ids cannot be blended."""
+    if first.mask is not None or second.mask is not None:
+        raise ValueError("mixup cannot blend segmentation masks; use cutmix or mosaic")
+    return _joined(first, second, None)
+
+
+def _joined(first: Targets, second: Targets, mask: bytes | None) -> Targets:
+    return Targets(
+        first.boxes + second.boxes,
+        first.classes + second.classes,
+        first.keypoints + second.keypoints,
+        mask,
+    )

@@ -16,6 +16,7 @@ from rayaug.ops import (
     ColorJitter,
     GeometricOp,
     HorizontalFlip,
+    MixOp,
     Op,
     Perspective,
     PhotometricOp,
@@ -52,6 +53,9 @@ CONFIGS: dict[str, dict] = {
     "equalize": {},
     "autocontrast": {},
     "invert": {},
+    "mixup": {"alpha": 0.4},
+    "cutmix": {"alpha": 1.0},
+    "mosaic": {"centre": [0.3, 0.7]},
 }
 # Ops whose parameters do not depend on the random stream at all.
 FIXED = {
@@ -83,7 +87,7 @@ def _inside(box: list[int], canvas: tuple[int, int]) -> bool:
 def test_every_catalogue_op_is_covered() -> None:
     assert set(CONFIGS) == set(CATALOGUE)
     for name, cls in CATALOGUE.items():
-        assert issubclass(cls, GeometricOp | PhotometricOp), name
+        assert issubclass(cls, GeometricOp | PhotometricOp | MixOp), name
         assert _op(name).name == name
 
 
