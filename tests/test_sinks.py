@@ -6,6 +6,7 @@ Everything is checked by reading the objects back with the readers a user would 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -179,6 +180,28 @@ def test_webdataset_shard(
     assert any(s.label is None for s in result.samples)
     _check_manifest(out, result, [item["jpg"] for item in raw], "jpeg")
     _check_errors(out, result)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_a_soft_label_reaches_the_shard_and_the_manifest(
+    out: RecordingLocation, photos: list[SamplePhoto], tmp_path: Path, fmt: str
+) -> None:
+    output = OutputSpec(uri=out.uri, format=fmt)
+    mixed, plain = _augmented(photos[:1], views=2)
+    mixed = dataclasses.replace(mixed, soft_label={"cat": 0.75, None: 0.25})
+    write_shard(out, SHARD, ShardOutput(samples=[mixed, plain]), WriteContext(output, 2, VERSIONS))
+    expected = [{"label": "cat", "weight": 0.75}, {"label": None, "weight": 0.25}]
+    manifest = _read_table(out, f"manifests/{SHARD}.parquet").to_pylist()
+    assert [row["soft_label"] for row in manifest] == [expected, None]
+    if fmt == "parquet":
+        data = _read_table(out, data_path(output, SHARD)).to_pylist()
+        assert [row["soft_label"] for row in data] == [expected, None]
+    else:
+        local_copy = tmp_path / f"{SHARD}.tar"
+        local_copy.write_bytes(out.read_bytes(data_path(output, SHARD)))
+        shard = wds.WebDataset(str(local_copy), shardshuffle=False).decode()
+        metas = [item["json"] for item in shard]
+        assert metas[0]["soft_label"] == expected and "soft_label" not in metas[1]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])

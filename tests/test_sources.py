@@ -22,7 +22,7 @@ from rayaug import sampledata
 from rayaug.errors import UsageError
 from rayaug.records import SourceSample
 from rayaug.sampledata import SamplePhoto
-from rayaug.sources import list_input, read_one, read_unit
+from rayaug.sources import SourceIndex, list_input, read_one, read_unit
 from rayaug.spec import InputSpec, StorageSpec
 from rayaug.storage import Location, open_location
 
@@ -261,6 +261,48 @@ def test_duplicate_parquet_keys_are_marked_not_dropped(
     assert len({s.key for s in samples}) == 4
     # replay finds the first copy, the one that was processed
     assert read_one(location, spec, "parquet", samples[0].uri, "x").data == photos[0].jpeg
+
+
+@pytest.mark.parametrize("fmt", ["folder", "parquet"])
+def test_the_source_index_reads_every_source_as_the_read_stage_does(
+    fmt: str, photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    _write(fmt, photos, tmp_path / "in")
+    if fmt == "parquet":  # small row groups, units cutting across them and across files
+        for path in (tmp_path / "in").glob("*.parquet"):
+            pq.write_table(pq.read_table(path), path, row_group_size=5)
+    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    spec = InputSpec(uri=location.uri)
+    listing = list_input(location, spec, shard_size=7)
+    index = SourceIndex(location, spec, listing.format, listing.units)
+    every = [s for unit in listing.units for s in read_unit(location, spec, fmt, unit)]
+    assert len(index) == len(every) == len(photos)
+    for number in [*range(len(index)), 3, 0, len(index) - 1]:  # revisits hit the cache
+        assert index.read(number) == every[number]
+    assert index.find(every[5].uri, every[5].key) == every[5]
+
+
+def test_the_source_index_marks_duplicate_keys_like_the_read_stage(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    _parquet(tmp_path / "in", "d.parquet", pa.table({
+        "image": pa.array([p.jpeg for p in photos[:4]], pa.binary()),
+        "id": ["x", "y", "x", "z"],
+    }))
+    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    spec = InputSpec(uri=location.uri, key_column="id")
+    listing = list_input(location, spec, shard_size=3)
+    index = SourceIndex(location, spec, "parquet", listing.units)
+    assert [index.read(i).key for i in range(4)] == ["x", "y", "x~dup1", "z"]
+    assert "duplicate source key" in index.read(2).error
+
+
+def test_webdataset_has_no_source_index(photos: list[SamplePhoto], tmp_path: Path) -> None:
+    _write("webdataset", photos[:3], tmp_path / "in")
+    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    listing = list_input(location, InputSpec(uri=location.uri), shard_size=7)
+    with pytest.raises(UsageError, match="needs random access"):
+        SourceIndex(location, InputSpec(uri=location.uri), listing.format, listing.units)
 
 
 # ---------------------------------------------------------------- WebDataset specifics
