@@ -9,6 +9,9 @@ integer coordinates, as in `ops`); targets go through that same matrix:
   least one pixel wide and high — otherwise it is dropped with its class;
 - a keypoint moves with the matrix; one that leaves the frame gets visibility 0;
 - the mask is warped with nearest-neighbour sampling (class ids never blend).
+
+Mixes (`mixes`) place each image's targets in its tile with `move(..., rect)`, then `overlay`
+(CutMix, Mosaic: what is pasted over covers what is under) or `blend` (MixUp: both sets).
 """
 
 from __future__ import annotations
