@@ -265,13 +265,13 @@ def test_duplicate_parquet_keys_are_marked_not_dropped(
 
 @pytest.mark.parametrize("fmt", ["folder", "parquet"])
 def test_the_source_index_reads_every_source_as_the_read_stage_does(
-    fmt: str, photos: list[SamplePhoto], tmp_path: Path
+    fmt: str, photos: list[SamplePhoto], tmp_path: Path, place: Callable[[Path], Location]
 ) -> None:
     _write(fmt, photos, tmp_path / "in")
     if fmt == "parquet":  # small row groups, units cutting across them and across files
         for path in (tmp_path / "in").glob("*.parquet"):
             pq.write_table(pq.read_table(path), path, row_group_size=5)
-    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    location = place(tmp_path / "in")  # local, and on S3
     spec = InputSpec(uri=location.uri)
     listing = list_input(location, spec, shard_size=7)
     index = SourceIndex(location, spec, listing.format, listing.units)
