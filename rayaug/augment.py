@@ -201,6 +201,7 @@ class Augmenter:
         op, kernel = steps[0][1].op, KERNELS[steps[0][1].name]
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, step in steps:
+            # A CPU-path array stays 8-bit while OpenCV has the kernel; else it goes to torch.
             pixel_kernel = cpu_kernels.pixel_kernel(step.name, step.params)
             if isinstance(item.image, np.ndarray) and pixel_kernel is not None:
                 item.image = pixel_kernel(item.image, step.params)
