@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rayaug import codec, mixes, targets
+from rayaug import codec, cpu_kernels, mixes, targets
 from rayaug.kernels import KERNELS, warp
 from rayaug.ops import (
     Applied,
@@ -49,6 +49,10 @@ TORCH_THREADS = 1
 # quarantined as a sample of its own); after this many, the sample is quarantined.
 PARTNER_TRIES = 8
 
+# A sample's pixels: (3, H, W) float in [0, 1] on the device, or, on the CPU, (H, W, 3)
+# uint8 RGB as decoded, until an op needs torch (OpenCV warps and colours it meanwhile).
+Image = torch.Tensor | np.ndarray
+
 
 def pick_device(num_gpus: float) -> str:
     """CUDA when the actor was given a GPU and torch sees one; the CPU otherwise."""
@@ -66,7 +70,7 @@ class _Item:
     label: str | None
     applied: list[Applied]
     source_size: Canvas
-    image: torch.Tensor  # (3, H, W) float in [0, 1] on the device
+    image: Image
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: np.eye(3))
     targets: Targets | None = None  # on `targets_canvas`; the ops from `targets_from` on are
@@ -101,6 +105,7 @@ class Augmenter:
         self, spec: JobSpec, device: str = "cpu", partners: SourceIndex | None = None
     ) -> None:
         torch.set_num_threads(TORCH_THREADS)
+        cpu_kernels.use_one_thread()
         if spec.mixes and partners is None:
             raise ValueError("a job with mix ops needs the index of its sources (partners)")
         self.spec = spec
@@ -190,17 +195,13 @@ class Augmenter:
 
     def _decode(
         self, data: bytes, opened: codec.Opened, reduction: int
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Pixels (3, h, w) in [0, 1] on the device, and the matrix from them to the canvas."""
+    ) -> tuple[Image, np.ndarray]:
+        """The decoded pixels (see `Image`), and the matrix from them to the canvas."""
         image = codec.decode_on_device(data, opened, reduction, self.device)
         if image is None:
-            pixels = torch.from_numpy(codec.decode(opened, reduction))
-            if self.device.type == "cuda":  # pinned: the copy overlaps the next decode
-                pixels = pixels.pin_memory()
-            pixels = pixels.to(self.device, non_blocking=True)
-            image = pixels.permute(2, 0, 1).to(torch.float32) / 255
-        reduced = tuple(image.shape[1:])
-        return image, _rescale(reduced, opened.canvas) if reduction > 1 else np.eye(3)
+            pixels = codec.decode(opened, reduction)
+            image = pixels if self.device.type == "cpu" else _upload(pixels, self.device)
+        return image, _rescale(_size(image), opened.canvas) if reduction > 1 else np.eye(3)
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
         item.reset()
@@ -240,7 +241,8 @@ class Augmenter:
         partners = self._partners(item, step, tiles)
         records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
         item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
-        sample = mixes.Layer(item.image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
+        image = _as_tensor(item.image)  # mixes are torch code: the sample leaves the 8-bit path
+        sample = mixes.Layer(image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
         layers = [sample, *(layer for _, layer in partners)]
         mixed = mixes.mix(step.op, step.params, item.canvas, layers)
         item.image, item.targets, item.labels = mixed.image, mixed.targets, mixed.labels
@@ -285,13 +287,20 @@ class Augmenter:
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
         image, to_canvas = self._decode(source.data or b"", opened, reduction)
-        return mixes.Layer(image, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
+        layer = _as_tensor(image)
+        return mixes.Layer(layer, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
         op, kernel = steps[0][1].op, KERNELS[steps[0][1].name]
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, step in steps:
+            # A CPU-path array stays 8-bit while OpenCV has the kernel; else it goes to torch.
+            pixel_kernel = cpu_kernels.pixel_kernel(step.name, step.params)
+            if isinstance(item.image, np.ndarray) and pixel_kernel is not None:
+                item.image = pixel_kernel(item.image, step.params)
+                continue
+            item.image = _as_tensor(item.image)
             groups[(tuple(item.image.shape), op.batch_key(step.params))].append((item, step))
         for group in groups.values():
             images = torch.stack([item.image for item, _ in group])
@@ -300,12 +309,17 @@ class Augmenter:
                 item.image = image
 
     def _encode(self, item: _Item) -> AugmentedSample:
-        pixels = (item.image * 255).round().clamp(0, 255).to(torch.uint8)
         output = self.spec.output
-        data = codec.encode_on_device(pixels, output.image_format, output.quality)
-        if data is None:
-            array = pixels.permute(1, 2, 0).contiguous().cpu().numpy()
-            data = codec.encode(array, output.image_format, output.quality)
+        if isinstance(item.image, np.ndarray):  # the CPU path: already 8-bit HWC
+            height, width = item.image.shape[:2]
+            data = codec.encode(item.image, output.image_format, output.quality)
+        else:
+            pixels = (item.image * 255).round().clamp(0, 255).to(torch.uint8)
+            height, width = pixels.shape[1], pixels.shape[2]
+            data = codec.encode_on_device(pixels, output.image_format, output.quality)
+            if data is None:
+                array = pixels.permute(1, 2, 0).contiguous().cpu().numpy()
+                data = codec.encode(array, output.image_format, output.quality)
         return AugmentedSample(
             source_key=item.source_key,
             source_uri=item.source_uri,
@@ -315,8 +329,8 @@ class Augmenter:
             ops=[step.record() for step in item.applied],
             source_size=item.source_size,
             image=data,
-            height=pixels.shape[1],
-            width=pixels.shape[2],
+            height=height,
+            width=width,
             targets=item.targets_now(len(item.applied)),
             soft_label=item.labels if any(s.op.kind == "mix" for s in item.applied) else None,
         )
@@ -328,13 +342,40 @@ def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
     return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
 
 
+def _size(image: Image) -> Canvas:
+    """(height, width) of a CHW tensor or an HWC array."""
+    return tuple(image.shape[1:]) if isinstance(image, torch.Tensor) else image.shape[:2]
+
+
+def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
+    """(H, W, 3) uint8 → (3, H, W) float in [0, 1] on the device."""
+    tensor = torch.from_numpy(pixels)
+    if device.type == "cuda":  # pinned: the copy overlaps the next decode
+        tensor = tensor.pin_memory()
+    tensor = tensor.to(device, non_blocking=True)
+    return tensor.permute(2, 0, 1).to(torch.float32) / 255
+
+
+def _as_tensor(image: Image) -> torch.Tensor:
+    """The torch form of an image (a CPU-path array becomes a CPU tensor)."""
+    return image if isinstance(image, torch.Tensor) else _upload(image, torch.device("cpu"))
+
+
 def _warp(items: list[_Item]) -> None:
-    """Apply each item's pending homography; items of equal shapes share one Kornia call."""
+    """Apply each item's pending homography: CPU-path arrays one by one with OpenCV, tensors
+    of equal shapes in one Kornia call."""
     groups: dict[tuple, list[_Item]] = defaultdict(list)
     for item in items:
         identity = np.array_equal(item.pending, np.eye(3))
-        if not (identity and tuple(item.image.shape[1:]) == item.canvas):
-            groups[(tuple(item.image.shape), item.canvas)].append(item)
+        if identity and _size(item.image) == item.canvas:
+            continue
+        if isinstance(item.image, np.ndarray):
+            if cpu_kernels.can_warp(_size(item.image), item.canvas):
+                item.image = cpu_kernels.warp(item.image, item.pending, item.canvas)
+                item.pending = np.eye(3)
+                continue
+            item.image = _as_tensor(item.image)
+        groups[(tuple(item.image.shape), item.canvas)].append(item)
     for (_, canvas), group in groups.items():
         images = torch.stack([item.image for item in group])
         warped = warp(images, np.stack([item.pending for item in group]), canvas)

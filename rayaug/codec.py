@@ -82,7 +82,7 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
             remaining = min(image.size[0] // max(1, width // reduction), reduction)
             if remaining >= 2:
                 image = image.reduce(remaining)
-        image = ImageOps.exif_transpose(image)
+        ImageOps.exif_transpose(image, in_place=True)  # not a copy of every upright image
         return np.array(_to_rgb(image))  # writable: torch can share it without a copy
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise DecodeError(f"cannot decode: {error}") from None
@@ -90,6 +90,8 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
 
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Every mode becomes 8-bit RGB; transparency is composited onto black."""
+    if image.mode == "RGB":  # as most JPEGs decode: convert() would only copy it
+        return image
     if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
         wide = np.asarray(image, dtype=np.float64)
         scale = 255.0 / 65535.0 if image.mode != "F" else 255.0

@@ -72,20 +72,26 @@ def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray,
     return np.linalg.inv(_YIQ) @ rotation @ _YIQ, no_offset
 
 
-def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    """All four steps as one per-sample affine colour map (one batched matmul).
+def fused_colour_map(mean: np.ndarray, params: Params) -> tuple[np.ndarray, np.ndarray]:
+    """One sample's jitter steps as one affine colour map of RGB in [0, 1]: (3x3, offset).
 
     Exact without clipping between steps: the contrast step's mean is the mean of an affine
-    image, i.e. the same affine map of the input's mean colour.
+    image, i.e. the same affine map of the input's mean colour (`mean`, RGB in [0, 1]).
     """
+    matrix, offset = np.eye(3), np.zeros(3)
+    for step in params["order"]:
+        mean_gray = float(_LUMA @ (matrix @ mean + offset))
+        step_matrix, step_offset = _fused_step(step, params[step], mean_gray)
+        matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
+    return matrix, offset
+
+
+def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
+    """All four steps as one per-sample affine colour map (one batched matmul)."""
     means = images.mean(dim=(2, 3)).double().cpu().numpy()
     matrices, offsets = [], []
     for mean, p in zip(means, params, strict=True):
-        matrix, offset = np.eye(3), np.zeros(3)
-        for step in p["order"]:
-            mean_gray = float(_LUMA @ (matrix @ mean + offset))
-            step_matrix, step_offset = _fused_step(step, p[step], mean_gray)
-            matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
+        matrix, offset = fused_colour_map(mean, p)
         matrices.append(matrix)
         offsets.append(offset)
     matrix = torch.tensor(np.stack(matrices), dtype=images.dtype, device=images.device)

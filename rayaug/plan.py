@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
@@ -16,7 +16,18 @@ from rayaug.storage import Location
 
 def versions() -> dict[str, str]:
     """Versions that change output bytes; a resume across them would mix two outputs."""
-    return {name: version(name) for name in ("rayaug", "kornia", "torch", "pillow")}
+    found = {name: version(name) for name in ("rayaug", "kornia", "torch", "pillow")}
+    return found | {"opencv": _opencv_version()}
+
+
+def _opencv_version() -> str:
+    """OpenCV ships under several distribution names; any of them provides `cv2`."""
+    for name in ("opencv-python-headless", "opencv-python", "opencv-contrib-python-headless"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
     if recorded is not None and recorded["fingerprint"] != plan.fingerprint:
         raise UsageError(
             f"{out.uri} holds the output of a different job: the spec, the input listing or "
-            "the rayaug/kornia/torch/pillow versions differ from those recorded in "
+            "the rayaug/kornia/torch/pillow/opencv versions differ from those recorded in "
             f"{out.uri_of(commit.FINGERPRINT)}. Use a new output URI, or finish the recorded "
             f"job with: rayaug resume {out.uri}"
         )
