@@ -2,9 +2,11 @@
 
 Drawing (`draw`) uses only numpy and the sample's own generator, so parameters never depend on
 the batch, the actor or the device. Geometric ops give a 3x3 pixel homography (pixel centres
-at integer coordinates), fused per sample into one Kornia warp by `augment`. Photometric ops
+at integer coordinates), fused per sample into one warp by `augment`. Photometric ops
 are applied from their recorded parameters alone by `kernels` (Kornia's split: sample, then
-apply). This module needs no torch, so the spec loads fast and I/O workers stay light.
+apply). Mix ops (MixUp, CutMix, Mosaic) draw their layout and partner picks here too, and
+`mixes` applies them. This module needs no torch, so the spec loads fast and I/O workers stay
+light.
 """
 
 from __future__ import annotations
