@@ -29,8 +29,10 @@ def use_one_thread() -> None:
 
 
 def can_warp(size: Canvas, canvas: Canvas) -> bool:
-    """Whether OpenCV can warp an image of `size` onto `canvas` (both (height, width))."""
-    return max(*size, *canvas) < _MAX_SIDE
+    """Whether OpenCV warps an image of `size` onto `canvas` (both (height, width)) as Kornia
+    does. Not one pixel wide or high: Kornia's align_corners grid degenerates there into
+    sampling that pixel everywhere, where OpenCV would blend it with the black outside."""
+    return max(*size, *canvas) < _MAX_SIDE and min(size) > 1
 
 
 def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: Canvas) -> np.ndarray:

@@ -127,9 +127,10 @@ def test_only_the_fused_jitter_has_a_pixel_kernel() -> None:
     assert cpu_kernels.pixel_kernel("gaussian_blur", {"kernel_size": 3, "sigma": 1.0}) is None
 
 
-def test_opencv_warps_only_what_fits_its_16_bit_indices() -> None:
+def test_opencv_warps_what_it_warps_as_kornia_does() -> None:
     assert cpu_kernels.can_warp((4000, 3000), (224, 224))
     assert not cpu_kernels.can_warp((40000, 10), (224, 224))
+    assert not cpu_kernels.can_warp((1, 1), (16, 16))  # a 1-pixel image: Kornia, as before
 
 
 def _augment(photos) -> list[np.ndarray]:
