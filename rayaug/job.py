@@ -262,6 +262,10 @@ def _connect(options: RunOptions) -> bool:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(
+            # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
+            # recorded in /tmp/ray/ray_current_cluster, which a killed rayaug leaves behind
+            # pointing at a dead GCS: the next run (its resume) hung connecting to it.
+            address="local",
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             log_to_driver=False,

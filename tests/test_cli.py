@@ -147,8 +147,20 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", tmp_path / "out")
     rayaug_bin = Path(sys.executable).parent / "rayaug"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([str(rayaug_bin), "run", str(spec), "--json"], capture_output=True,
-                          text=True, timeout=300, env=env)
+    # A killed rayaug leaves Ray's record of its (dead) cluster behind; the next run must
+    # start its own Ray, not hang trying to join that one.
+    record = Path("/tmp/ray/ray_current_cluster")
+    before = record.read_text() if record.exists() else None
+    record.parent.mkdir(exist_ok=True)
+    record.write_text("127.0.0.1:9")  # nothing listens there
+    try:
+        done = subprocess.run([str(rayaug_bin), "run", str(spec), "--json"],
+                              capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        if before is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_text(before)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["samples"] == 12 and summary["quarantined"] == 0
