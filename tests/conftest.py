@@ -75,6 +75,7 @@ def ray_cluster(s3: SeaweedS3) -> Iterator[str]:
     import ray
 
     ray.init(
+        address="local",  # never a cluster another (killed) driver left recorded
         num_cpus=2,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
