@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rayaug import codec, cpu_kernels, mixes, targets
+from rayaug.errors import StorageError
 from rayaug.kernels import KERNELS, warp
 from rayaug.ops import (
     Applied,
@@ -276,6 +277,8 @@ class Augmenter:
                 if candidate.error is not None:
                     raise ValueError(candidate.error)
                 return candidate, self._partner_layer(candidate, tile)
+            except StorageError:
+                raise
             except Exception as error:  # noqa: BLE001 - a bad partner is the next one's turn
                 failures.append(f"{candidate.key}: {error}")
         raise ValueError(
@@ -388,6 +391,8 @@ def _attempt(output: ShardOutput, key: str, view: int, stage: str, work: Callabl
     try:
         result = work()
         return True if result is None else result
+    except StorageError:  # storage, not the image (a mix partner's read): the shard fails whole,
+        raise  # uncommitted, and a retry or `rayaug resume` redoes it
     except Exception as error:  # noqa: BLE001 - any per-image failure is data, not a crash
         message = str(error) or repr(error)
         output.quarantined.append(

@@ -14,7 +14,7 @@ from PIL import Image
 
 from rayaug import targets as label_targets
 from rayaug.augment import Augmenter
-from rayaug.errors import SpecError
+from rayaug.errors import SpecError, StorageError
 from rayaug.ops import CutMix, MixUp, Mosaic, Tile, draw_ops, from_records
 from rayaug.records import ShardOutput, SourceSample, Targets
 from rayaug.sources import SourceIndex, list_input, read_unit
@@ -331,6 +331,20 @@ def test_an_unreadable_partner_gives_way_to_the_next_source(mixed_folder: Path) 
         assert partner != corrupt.key
         if at == 3 and key != original(4).key:
             assert partner == original(4).key  # the next source, deterministically
+
+
+def test_a_storage_failure_on_a_partner_fails_the_shard_instead_of_quarantining(
+    mixed_folder: Path,
+) -> None:
+    spec = _spec(mixed_folder, [{"name": "resize", "size": 32}, {"name": "mixup"}])
+    source = Input(mixed_folder, spec)
+
+    def read(number: int) -> SourceSample:
+        raise StorageError("reading s3://in/x.jpg: the storage kept failing")
+
+    source.index.read = read
+    with pytest.raises(StorageError):  # not quarantine rows: `rayaug resume` redoes the shard
+        source.augment(source.unit(0))
 
 
 # ---------------------------------------------------------------- the ops' geometry
