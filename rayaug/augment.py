@@ -74,22 +74,24 @@ class _Item:
     image: Image
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: np.eye(3))
-    targets: Targets | None = None  # on `targets_canvas`; the ops from `targets_from` on are
-    targets_canvas: Canvas = (0, 0)  # still to be applied to them (a mix moves them early)
-    targets_from: int = 0
-    labels: mixes.SoftLabel = field(default_factory=dict)
+    targets: Targets | None = None  # as read, in source pixels
+    # Where the targets stand: a mix moves them early, onto the canvas it mixes on; the ops
+    # from `targets_from` on are still to be applied to them.
+    targets_canvas: Canvas = field(init=False)
+    targets_from: int = field(init=False)
+    labels: mixes.SoftLabel = field(init=False)
 
     def __post_init__(self) -> None:
-        self.targets_canvas = self.source_size
-        self.labels = {self.label: 1.0}
-        self._start = (self.image, self.canvas, self.pending, self.targets, self.labels)
-        self._planned = list(self.applied)  # before a mix records its partners
+        # `applied` copied: a mix records its partners in it
+        self._start = (self.image, self.canvas, self.pending, self.targets, list(self.applied))
+        self.reset()
 
     def reset(self) -> None:
         """Back to the decoded source (ops return new tensors, so the original is intact)."""
-        self.image, self.canvas, self.pending, self.targets, self.labels = self._start
-        self.applied = list(self._planned)
+        self.image, self.canvas, self.pending, self.targets, planned = self._start
+        self.applied = list(planned)
         self.targets_canvas, self.targets_from = self.source_size, 0
+        self.labels = {self.label: 1.0}
 
     def targets_now(self, upto: int) -> Targets | None:
         """The targets moved through the geometric ops before `applied[upto]`."""

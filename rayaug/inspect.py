@@ -485,14 +485,13 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
 def _soft_label_mass(table: pa.Table) -> Counter:
     """Each label's share of the training signal once mixes are counted (a mixed sample gives
     each of its labels its weight; an unmixed one gives its label 1); empty without mixes."""
-    if "soft_label" not in table.column_names or table.column("soft_label").null_count == len(
-        table
-    ):
+    if "soft_label" not in table.column_names:  # written before mixes existed
+        return Counter()
+    soft_labels = table.column("soft_label")
+    if soft_labels.null_count == len(soft_labels):
         return Counter()
     mass: Counter = Counter()
-    for label, soft in zip(
-        table.column("label").to_pylist(), table.column("soft_label").to_pylist(), strict=True
-    ):
+    for label, soft in zip(table.column("label").to_pylist(), soft_labels.to_pylist(), strict=True):
         for entry in soft or [{"label": label, "weight": 1.0}]:
             mass[entry["label"]] += entry["weight"]
     return mass

@@ -8,6 +8,7 @@ and the soft label is the weighted sum of the images' (possibly already soft) la
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,12 +72,9 @@ def _labelled(layers: list[Layer]) -> list[Layer]:
     if all(layer.targets is None for layer in layers):
         return layers
     return [
-        layer if layer.targets is not None else _with_targets(layer, Targets()) for layer in layers
+        layer if layer.targets is not None else dataclasses.replace(layer, targets=Targets())
+        for layer in layers
     ]
-
-
-def _with_targets(layer: Layer, found: Targets) -> Layer:
-    return Layer(layer.image, layer.to_canvas, layer.canvas, found, layer.labels)
 
 
 def _placed(layer: Layer, tile: Tile, canvas: Canvas) -> Targets | None:

@@ -406,7 +406,7 @@ class SourceIndex:
             )
         self.location, self.spec, self.fmt, self.units = location, spec, fmt, list(units)
         self._starts = list(itertools.accumulate((u.planned or 0 for u in units), initial=0))
-        self._metadata: dict[str, pq.FileMetaData] = {}
+        self._row_groups: dict[str, list[tuple[int, int]]] = {}  # per file: see _row_groups
         self._groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
     def __len__(self) -> int:
@@ -432,9 +432,9 @@ class SourceIndex:
         return read_one(self.location, self.spec, self.fmt, uri, key)
 
     def _row(self, path: str, row: int) -> pa.Table:
-        if path not in self._metadata:
-            self._metadata[path] = _parquet_metadata(self.location, path)
-        groups = _row_groups(self._metadata[path])
+        if path not in self._row_groups:
+            self._row_groups[path] = _row_groups(_parquet_metadata(self.location, path))
+        groups = self._row_groups[path]
         group = next(i for i, (first, rows) in enumerate(groups) if first <= row < first + rows)
         if (path, group) not in self._groups:
             self._groups[(path, group)] = _parquet_group(self.location, path, group)

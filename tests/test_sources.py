@@ -242,15 +242,20 @@ def test_null_image_row_becomes_an_error_sample(photos: list[SamplePhoto], tmp_p
     assert samples[0].error is None and samples[2].error is None and samples[2].label is None
 
 
-def test_duplicate_parquet_keys_are_marked_not_dropped(
-    photos: list[SamplePhoto], tmp_path: Path
-) -> None:
-    _parquet(tmp_path / "in", "d.parquet", pa.table({
+def _repeated_keys(photos: list[SamplePhoto], root: Path) -> tuple[Location, InputSpec]:
+    """Four Parquet rows keyed x, y, x, z by their `id` column."""
+    _parquet(root, "d.parquet", pa.table({
         "image": pa.array([p.jpeg for p in photos[:4]], pa.binary()),
         "id": ["x", "y", "x", "z"],
     }))
-    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
-    spec = InputSpec(uri=location.uri, key_column="id")
+    location = open_location(str(root), StorageSpec(retries=0))
+    return location, InputSpec(uri=location.uri, key_column="id")
+
+
+def test_duplicate_parquet_keys_are_marked_not_dropped(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    location, spec = _repeated_keys(photos, tmp_path / "in")
     (unit,) = list_input(location, spec, shard_size=8).units
     samples = read_unit(location, spec, "parquet", unit)
     assert len(samples) == 4
@@ -285,12 +290,7 @@ def test_the_source_index_reads_every_source_as_the_read_stage_does(
 def test_the_source_index_marks_duplicate_keys_like_the_read_stage(
     photos: list[SamplePhoto], tmp_path: Path
 ) -> None:
-    _parquet(tmp_path / "in", "d.parquet", pa.table({
-        "image": pa.array([p.jpeg for p in photos[:4]], pa.binary()),
-        "id": ["x", "y", "x", "z"],
-    }))
-    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
-    spec = InputSpec(uri=location.uri, key_column="id")
+    location, spec = _repeated_keys(photos, tmp_path / "in")
     listing = list_input(location, spec, shard_size=3)
     index = SourceIndex(location, spec, "parquet", listing.units)
     assert [index.read(i).key for i in range(4)] == ["x", "y", "x~dup1", "z"]
