@@ -2,8 +2,8 @@
 
 The only module that calls Ray. Stages (read → augment → write) are the engine-free functions
 of `sources`, `augment` and `sinks`; this module only adapts them to Ray Data rows.
-Each work unit travels as one row, so a shard is written whole by one write task and its
-manifest commits it: a killed task or actor costs only its uncommitted shard.
+Each work unit travels as one row to one actor, which reads, augments and writes its shard
+whole; the shard's manifest commits it: a killed actor costs only its uncommitted shard.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import pickle
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,12 +41,10 @@ FORWARDED_ENV = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-# Read and write tasks are I/O bound; a small CPU share keeps them from starving the actors.
-IO_TASK_CPUS = 0.25
+# Shards in flight per actor: one's reads and writes wait on storage while another augments.
+CALLS_PER_ACTOR = 2
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
-# Read and write tasks; actor tasks retry until their actor's restarts run out (_actor_retries).
-TASK_RETRIES = 4
 # The CLI draws its own progress; Ray's start-up chatter would bury it.
 QUIET = {"log_to_driver": False, "logging_level": logging.WARNING}
 
@@ -282,10 +281,8 @@ class PoolShape:
 
 
 def pool_shape(execution: ExecutionSpec, cpus: float, gpus: float) -> PoolShape:
-    """Actors and their resources, leaving CPU for the read and write tasks.
-
-    Actors that took every CPU would leave none for reading: the pipeline would hang.
-    """
+    """Actors and their resources. The actors do all the work, reading and writing included;
+    a share of the CPUs (≥ 0.5) is left to the driver and Ray's own processes."""
     reserve = max(0.5, 0.1 * cpus)
     budget = max(cpus - reserve, 0.25)
     if execution.num_gpus == "auto":
@@ -319,28 +316,28 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
     dataset = ray.data.from_items(units, override_num_blocks=len(units))
-    dataset = dataset.map(
-        _read,
-        fn_kwargs={"spec": spec, "fmt": plan.format},
-        num_cpus=IO_TASK_CPUS,
-        ray_remote_args_fn=_task_retries,
-    )
-    dataset = dataset.map_batches(
-        _AugmentStage,
+    return dataset.map_batches(
+        _ShardStage,
         fn_constructor_kwargs={
             "spec": spec,
+            "fmt": plan.format,
             "num_gpus": shape.gpus_per_actor,
             "sources": _source_index_args(spec, plan),
         },
         batch_size=1,
         batch_format="numpy",
-        compute=ActorPoolStrategy(size=shape.size),
+        compute=ActorPoolStrategy(
+            size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR
+        ),
         num_cpus=shape.cpus_per_actor,
         num_gpus=shape.gpus_per_actor,
-        ray_remote_args_fn=_actor_retries,
-    )
-    return dataset.map(
-        _write, fn_kwargs={"spec": spec}, num_cpus=IO_TASK_CPUS, ray_remote_args_fn=_task_retries
+        # -1: an actor task is retried until it succeeds or its actor has used up its
+        # restarts, which is what bounds a poison input. A finite count is also spent while a
+        # lost node's actor is merely unreachable (before Ray declares the node dead and
+        # restarts the actor elsewhere): 4 retries were gone within seconds and a node loss
+        # failed the whole job.
+        max_restarts=ACTOR_RESTARTS,
+        max_task_retries=-1,
     )
 
 
@@ -349,56 +346,42 @@ def _source_index_args(spec: JobSpec, plan: JobPlan) -> bytes | None:
     return pickle.dumps((plan.format, plan.units)) if spec.mixes else None
 
 
-def _task_retries() -> dict:
-    return {"max_retries": TASK_RETRIES}
+# ---------------------------------------------------------------- the stage (runs on workers)
 
 
-def _actor_retries() -> dict:
-    # -1: an actor task is retried until it succeeds or its actor has used up its restarts,
-    # which is what bounds a poison input. A finite count is also spent while a lost node's
-    # actor is merely unreachable (before Ray declares the node dead and restarts the actor
-    # elsewhere): 4 retries were gone within seconds and a node loss failed the whole job.
-    return {"max_restarts": ACTOR_RESTARTS, "max_task_retries": -1}
+class _ShardStage:
+    """One actor: reads a work unit, augments it on its device, writes and commits its shard.
 
+    One stage, not three: the source and output bytes of a shard (megabytes) never pass
+    through Ray's object store, only the unit in and its commit record out.
+    """
 
-# ---------------------------------------------------------------- stage adapters (run on workers)
-
-
-def _read(row: dict, spec: JobSpec, fmt: str) -> dict:
-    unit: WorkUnit = pickle.loads(row["unit"])
-    source = open_location(spec.input.uri, spec.storage)
-    samples = read_unit(source, spec.input, fmt, unit)
-    return {"shard": unit.shard, "sources": pickle.dumps(samples)}
-
-
-class _AugmentStage:
-    """One actor: builds its Augmenter once (torch and kornia load here, not per batch)."""
-
-    def __init__(self, spec: JobSpec, num_gpus: float, sources: bytes | None) -> None:
-        # Imported here, not at the top: read and write workers load this module too, and
-        # torch would cost each of them ~400 MB and seconds of a scarce CPU.
+    def __init__(self, spec: JobSpec, fmt: str, num_gpus: float, sources: bytes | None) -> None:
+        # Imported here, not at the top: the driver loads this module too, and torch would
+        # cost it ~400 MB and seconds of a scarce CPU.
         from rayaug.augment import Augmenter, pick_device
 
+        self.spec = spec
+        self.fmt = fmt
+        self.source = open_location(spec.input.uri, spec.storage)
+        self.out = open_location(spec.output.uri, spec.storage)
+        self.context = WriteContext(spec.output, spec.views, versions())
         partners = None
         if sources is not None:  # mix ops read their partners from the input themselves
-            fmt, units = pickle.loads(sources)
-            location = open_location(spec.input.uri, spec.storage)
-            partners = SourceIndex(location, spec.input, fmt, units)
+            fmt_of_units, units = pickle.loads(sources)
+            partners = SourceIndex(self.source, spec.input, fmt_of_units, units)
         self.augmenter = Augmenter(spec, pick_device(num_gpus), partners)
+        self.device_lock = threading.Lock()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = [self.augmenter.augment(pickle.loads(s)) for s in batch["sources"]]
-        return {
-            "shard": batch["shard"],
-            "output": np.array([pickle.dumps(o) for o in outputs], dtype=object),
-        }
+        commits = [self._shard(pickle.loads(unit)) for unit in batch["unit"]]
+        return {"commit": np.array([pickle.dumps(c) for c in commits], dtype=object)}
 
-
-def _write(row: dict, spec: JobSpec) -> dict:
-    out = open_location(spec.output.uri, spec.storage)
-    context = WriteContext(spec.output, spec.views, versions())
-    shard_commit = write_shard(out, row["shard"], pickle.loads(row["output"]), context)
-    return {"commit": pickle.dumps(shard_commit)}
+    def _shard(self, unit: WorkUnit) -> ShardCommit:
+        samples = read_unit(self.source, self.spec.input, self.fmt, unit)
+        with self.device_lock:  # concurrent calls overlap only their storage waits
+            output = self.augmenter.augment(samples)
+        return write_shard(self.out, unit.shard, output, self.context)
 
 
 # ---------------------------------------------------------------- end of the job

@@ -531,17 +531,19 @@ def _annotation_file(location: Location, spec: InputSpec) -> tuple[Location, str
     return (_beside(location, folder) if folder else location), name
 
 
-# The last COCO file parsed in this worker process: every read task of a job needs the same
-# one, and parsing it per shard would cost more than the shard.
+# The last COCO file parsed in this worker process: every shard of a job needs the same one,
+# and parsing it per shard would cost more than the shard.
 _COCO_CACHE: dict[str, dict[str, dict]] = {}
 
 
 def _coco_index(location: Location, path: str) -> dict[str, dict]:
     uri = location.uri_of(path)
-    if uri not in _COCO_CACHE:
+    index = _COCO_CACHE.get(uri)
+    if index is None:  # get, not `in`: a concurrent reader may clear the cache in between
+        index = _parse_coco(location.read_bytes(path))
         _COCO_CACHE.clear()
-        _COCO_CACHE[uri] = _parse_coco(location.read_bytes(path))
-    return _COCO_CACHE[uri]
+        _COCO_CACHE[uri] = index
+    return index
 
 
 def _parse_coco(raw: bytes) -> dict[str, dict]:

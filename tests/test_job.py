@@ -60,7 +60,7 @@ def manifest_digests(uri: str) -> dict[str, tuple[str, str]]:
     return {r["sample_id"]: (r["sha256"], r["ops"]) for r in rows}
 
 
-def test_pool_shape_leaves_cpu_for_io_tasks() -> None:
+def test_pool_shape_leaves_cpu_for_the_driver() -> None:
     shape = pool_shape(ExecutionSpec(), cpus=2, gpus=0)
     assert shape.size == 2 and shape.size * shape.cpus_per_actor <= 1.5
     assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).size == 4

@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -95,28 +96,34 @@ def worker_setup() -> None:
 
 
 def _wrap_augment_call(wrapper: Callable) -> None:
-    """Wrap `_AugmentStage.__call__` (the actor's per-batch method) in this process."""
+    """Wrap `_ShardStage.__call__` (the actor's per-batch method) in this process."""
     from rayaug import job
 
-    original = job._AugmentStage.__call__
+    original = job._ShardStage.__call__
 
     def patched(self, batch):
         return wrapper(original, self, batch)
 
     patched.__wrapped__ = original
-    job._AugmentStage.__call__ = patched
+    job._ShardStage.__call__ = patched
+
+
+def _shards(batch: dict) -> list[str]:
+    """The shards of the work units in an actor's batch."""
+    return [pickle.loads(unit).shard for unit in batch["unit"]]
 
 
 def _crash_actor(settings: dict) -> None:
-    """The actor process dies (`os._exit(1)`) on its k-th call, once per job: the batch is
-    augmented, then lost with the process before it is returned."""
+    """The actor process dies (`os._exit(1)`) on its k-th call, once per job: the shard is
+    written and committed, then its commit record is lost with the process before it reaches
+    the driver, so the retry redoes a shard that is already there."""
     calls = Counter()
 
     def crash(original, stage, batch):
         calls["n"] += 1
         result = original(stage, batch)
         if calls["n"] == settings["call"]:
-            shards = [str(s) for s in batch["shard"]]
+            shards = _shards(batch)
             if claim(settings["marker"], shards=shards, node=_node_id()):
                 os._exit(1)
         return result
@@ -141,7 +148,7 @@ def _hang_actor(settings: dict) -> None:
 
     def hang(original, stage, batch):
         calls["n"] += 1
-        shards = [str(s) for s in batch["shard"]]
+        shards = _shards(batch)
         if calls["n"] == settings["call"] and claim(settings["marker"], shards=shards,
                                                     node=_node_id()):
             _pause(f"augmenting {shards}")
@@ -157,7 +164,7 @@ def _record_actor_nodes(settings: dict) -> None:
     def record(original, stage, batch):
         with open(folder / str(os.getpid()), "a") as stream:
             stamp = time.time()
-            stream.writelines(f"{_node_id()} {shard} {stamp}\n" for shard in batch["shard"])
+            stream.writelines(f"{_node_id()} {shard} {stamp}\n" for shard in _shards(batch))
         return original(stage, batch)
 
     _wrap_augment_call(record)
@@ -287,7 +294,7 @@ def _node_loss(args: argparse.Namespace) -> int:
     cluster = Cluster(shutdown_at_exit=True)
     try:
         # Ray's default health checks: the GCS declares the lost node dead only after several
-        # missed checks (~15 s), and the job must ride that window out (see job._actor_retries).
+        # missed checks (~15 s), and the job must ride that window out (see max_task_retries in job._pipeline).
         cluster.add_node(num_cpus=0, include_dashboard=False, **loopback)
         workers = [cluster.add_node(num_cpus=2, **loopback) for _ in range(2)]
         cluster.wait_for_nodes()

@@ -8,7 +8,7 @@ its processes SIGKILLed: raylet, object store, the actor). The job must complete
 node through Ray's actor restarts and task retries, with the output of an uninterrupted run.
 Ray's default health checks are kept: the GCS declares the node dead only ~15 s later, and
 until then every retry of the lost actor's tasks fails at once (this is the test that showed a
-finite `max_task_retries` failing the whole job; see `rayaug.job._actor_retries`).
+finite `max_task_retries` failing the whole job; see `rayaug.job._pipeline`).
 
 The cluster and its driver run in their own process (`python -m faults.injection node-loss`),
 not in pytest's: pytest already holds a `ray.init` to the session Ray and a process can drive
