@@ -1,5 +1,6 @@
 """Image decode and encode: Pillow (any mode in, 8-bit RGB out, reduced-scale JPEG decode),
-and nvJPEG through torchvision on a CUDA device when torchvision imports beside torch."""
+OpenCV for the common case of a whole, upright 8-bit JPEG, and nvJPEG through torchvision on a
+CUDA device when torchvision imports beside torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,17 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 # EXIF orientations 5-8 swap width and height.
 _TRANSPOSED = {5, 6, 7, 8}
+# OpenCV's read flags for RGB at each JPEG DCT scale; the orientation is Pillow's to apply.
+_CV2_SCALED_RGB = {
+    scale: flag | cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    for scale, flag in {
+        1: 0,
+        2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
+        4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
+        8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+    }.items()
+}
+_JPEG_END = b"\xff\xd9"
 _ENCODE_OPTIONS = {
     "jpeg": lambda quality: {"format": "JPEG", "quality": quality},
     "png": lambda quality: {"format": "PNG", "compress_level": 3},
@@ -32,6 +45,7 @@ class Opened:
     """A lazily opened image: its header is read, its pixels not yet."""
 
     image: Image.Image
+    data: bytes
     canvas: tuple[int, int]  # (height, width) after EXIF orientation
     orientation: int = 1  # the EXIF orientation tag
 
@@ -65,7 +79,7 @@ def open_image(data: bytes, max_pixels: int) -> Opened:
     except (OSError, ValueError, SyntaxError) as error:
         raise DecodeError(f"cannot decode: {error}") from None
     canvas = (width, height) if orientation in _TRANSPOSED else (height, width)
-    return Opened(image, canvas, orientation)
+    return Opened(image, data, canvas, orientation)
 
 
 def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
@@ -74,6 +88,9 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
     JPEGs shrink inside the decoder (DCT scaling, nearly free); the rest of the factor is a
     box filter, which also keeps the later warp from aliasing.
     """
+    pixels = _decode_plain_jpeg(opened, reduction)
+    if pixels is not None:
+        return pixels
     image = opened.image
     try:
         if reduction > 1:
@@ -86,6 +103,35 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
         return np.array(_to_rgb(image))  # writable: torch can share it without a copy
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise DecodeError(f"cannot decode: {error}") from None
+
+
+def _decode_plain_jpeg(opened: Opened, reduction: int) -> np.ndarray | None:
+    """OpenCV's decode of a whole, upright, 8-bit JPEG: the same libjpeg-turbo pixels as
+    Pillow's at the same DCT scale, a third faster, straight into an array (Pillow's needs a
+    copy out). None where it does not apply (a truncated or CMYK file, a box filter to follow):
+    Pillow decodes those, and words their errors."""
+    image = opened.image
+    if (
+        image.format != "JPEG"
+        or image.mode not in ("RGB", "L")
+        or opened.orientation != 1
+        or not opened.data.endswith(_JPEG_END)  # truncated: Pillow reports it, OpenCV pads
+    ):
+        return None
+    scale = _dct_scale(image.size, reduction)
+    if reduction > 1 and -(-image.size[0] // scale) // max(1, image.size[0] // reduction) >= 2:
+        return None
+    pixels = cv2.imdecode(np.frombuffer(opened.data, np.uint8), _CV2_SCALED_RGB[scale])
+    return pixels if pixels is not None and pixels.ndim == 3 else None
+
+
+def _dct_scale(size: tuple[int, int], reduction: int) -> int:
+    """The DCT scale (1, 2, 4 or 8) Pillow's JPEG `draft` picks to shrink by `reduction`."""
+    if reduction <= 1:
+        return 1
+    width, height = size
+    fits = min(width // max(1, width // reduction), height // max(1, height // reduction))
+    return next(scale for scale in (8, 4, 2, 1) if fits >= scale)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -286,6 +286,41 @@ def test_reduced_decode_of_1600x1200_by_4_is_about_400x300(fmt: str) -> None:
     assert np.abs(small.astype(int) - expected).mean() < 4  # the same picture, not a corner
 
 
+def _pillow_at_dct_scale(data: bytes, scale: int) -> np.ndarray:
+    """Pillow's own decode of a JPEG at 1/scale (DCT scaling, no box filter after it)."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("RGB", (image.width // scale, image.height // scale))
+    return np.asarray(image.convert("RGB"))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("scale", [1, 2, 4, 8])
+def test_opencv_decodes_a_plain_jpeg_to_pillows_exact_pixels(photos, mode: str, scale: int) -> None:
+    """Upright 8-bit JPEGs take OpenCV's decoder: the pixels (and so every output byte) are
+    Pillow's, at every DCT scale."""
+    data = _save(Image.open(io.BytesIO(photos[0].jpeg)).convert(mode), "JPEG", quality=87)
+    np.testing.assert_array_equal(_decode(data, scale), _pillow_at_dct_scale(data, scale))
+
+
+def test_a_cut_jpeg_is_refused_or_filled_exactly_as_pillow_does() -> None:
+    """The OpenCV path changes no verdict: without its end marker a cut JPEG is Pillow's to
+    refuse; with one (neither decoder can tell) both fill the lost rows alike."""
+    whole = _save(Image.fromarray(_gradient(64, 96)), "JPEG", quality=90)
+    cut = whole[: len(whole) * 2 // 3]
+    with pytest.raises(DecodeError, match="image file is truncated"):
+        _decode(cut)
+    np.testing.assert_array_equal(
+        _decode(cut + b"\xff\xd9"), _pillow_at_dct_scale(cut + b"\xff\xd9", 1)
+    )
+
+
+def test_a_reduction_beyond_the_dct_scales_is_box_filtered_as_before() -> None:
+    data = _save(Image.fromarray(_gradient(640, 960)), "JPEG", quality=90)
+    expected = _pillow_at_dct_scale(data, 8)
+    expected = np.asarray(Image.fromarray(expected).reduce(2))
+    np.testing.assert_array_equal(_decode(data, 16), expected)
+
+
 def test_reduction_one_is_full_size() -> None:
     data = _save(Image.fromarray(_gradient(120, 160)), "JPEG")
     assert codec.decode(codec.open_image(data, MAX_PIXELS), 1).shape == (120, 160, 3)
