@@ -9,16 +9,17 @@ sample, and a batch that fails is retried sample by sample so one bad image cost
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from rayaug import codec, cpu_kernels, mixes, targets
+from rayaug import codec, cpu_kernels
 from rayaug.errors import StorageError
-from rayaug.kernels import KERNELS, warp
 from rayaug.ops import (
     Applied,
     Canvas,
@@ -43,6 +44,15 @@ from rayaug.records import (
 from rayaug.sources import SourceIndex
 from rayaug.spec import JobSpec
 
+if TYPE_CHECKING:
+    import torch
+
+    from rayaug import mixes
+
+    # A sample's pixels: (3, H, W) float in [0, 1] on the device, or, on the CPU, (H, W, 3)
+    # uint8 RGB as decoded, until an op needs torch (OpenCV warps and colours it meanwhile).
+    Image = torch.Tensor | np.ndarray
+
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
 # identical between the job and a replay (actors scale out by count, not by threads).
 TORCH_THREADS = 1
@@ -50,14 +60,21 @@ TORCH_THREADS = 1
 # quarantined as a sample of its own); after this many, the sample is quarantined.
 PARTNER_TRIES = 8
 
-# A sample's pixels: (3, H, W) float in [0, 1] on the device, or, on the CPU, (H, W, 3)
-# uint8 RGB as decoded, until an op needs torch (OpenCV warps and colours it meanwhile).
-Image = torch.Tensor | np.ndarray
-
 
 def pick_device(num_gpus: float) -> str:
     """CUDA when the actor was given a GPU and torch sees one; the CPU otherwise."""
-    return "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
+    return "cuda" if num_gpus > 0 and _torch().cuda.is_available() else "cpu"
+
+
+@functools.cache
+def _torch() -> ModuleType:
+    """torch, loaded by the first step that needs it: an actor whose ops all run on OpenCV
+    never loads torch and Kornia (~2 s of start-up and ~400 MB each). Every path into torch
+    (a tensor, a kernel, label targets) comes through here, so the thread count is set first."""
+    import torch
+
+    torch.set_num_threads(TORCH_THREADS)
+    return torch
 
 
 @dataclass
@@ -97,6 +114,9 @@ class _Item:
         """The targets moved through the geometric ops before `applied[upto]`."""
         if self.targets is None:
             return None
+        _torch()
+        from rayaug import targets
+
         matrix = composed_warp(self.applied[self.targets_from : upto], self.targets_canvas)
         return targets.move(self.targets, matrix, self.targets_canvas, self.canvas)
 
@@ -107,18 +127,19 @@ class Augmenter:
     def __init__(
         self, spec: JobSpec, device: str = "cpu", partners: SourceIndex | None = None
     ) -> None:
-        torch.set_num_threads(TORCH_THREADS)
         cpu_kernels.use_one_thread()
         if spec.mixes and partners is None:
             raise ValueError("a job with mix ops needs the index of its sources (partners)")
         self.spec = spec
         self.pipeline: list[Op] = spec.pipeline()
-        self.device = torch.device(device)
+        self.device = device
         self.partners = partners
+        if device != "cpu":
+            _torch()
 
     def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
         """Every view of every source, in order; failures become quarantine rows."""
-        output = ShardOutput(device=self.device.type)
+        output = ShardOutput(device=self.device.partition(":")[0])
         pending: list[tuple[SourceSample, int]] = []
         for source in sources:
             output.sources += 1
@@ -200,10 +221,10 @@ class Augmenter:
         self, data: bytes, opened: codec.Opened, reduction: int
     ) -> tuple[Image, np.ndarray]:
         """The decoded pixels (see `Image`), and the matrix from them to the canvas."""
-        image = codec.decode_on_device(data, opened, reduction, self.device)
+        image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
             pixels = codec.decode(opened, reduction)
-            image = pixels if self.device.type == "cpu" else _upload(pixels, self.device)
+            image = pixels if self.device == "cpu" else _upload(pixels, self.device)
         return image, _rescale(_size(image), opened.canvas) if reduction > 1 else np.eye(3)
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
@@ -245,6 +266,8 @@ class Augmenter:
         records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
         item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
         image = _as_tensor(item.image)  # mixes are torch code: the sample leaves the 8-bit path
+        from rayaug import mixes
+
         sample = mixes.Layer(image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
         layers = [sample, *(layer for _, layer in partners)]
         mixed = mixes.mix(step.op, step.params, item.canvas, layers)
@@ -293,11 +316,13 @@ class Augmenter:
         reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
         image, to_canvas = self._decode(source.data or b"", opened, reduction)
         layer = _as_tensor(image)
+        from rayaug import mixes
+
         return mixes.Layer(layer, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
-        op, kernel = steps[0][1].op, KERNELS[steps[0][1].name]
+        op = steps[0][1].op
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, step in steps:
             # A CPU-path array stays 8-bit while OpenCV has the kernel; else it goes to torch.
@@ -307,8 +332,13 @@ class Augmenter:
                 continue
             item.image = _as_tensor(item.image)
             groups[(tuple(item.image.shape), op.batch_key(step.params))].append((item, step))
+        if not groups:
+            return
+        from rayaug.kernels import KERNELS
+
+        kernel = KERNELS[steps[0][1].name]
         for group in groups.values():
-            images = torch.stack([item.image for item, _ in group])
+            images = _torch().stack([item.image for item, _ in group])
             result = kernel(images, [s.params for _, s in group])
             for (item, _), image in zip(group, result, strict=True):
                 item.image = image
@@ -319,7 +349,7 @@ class Augmenter:
             height, width = item.image.shape[:2]
             data = codec.encode(item.image, output.image_format, output.quality)
         else:
-            pixels = (item.image * 255).round().clamp(0, 255).to(torch.uint8)
+            pixels = (item.image * 255).round().clamp(0, 255).to(_torch().uint8)
             height, width = pixels.shape[1], pixels.shape[2]
             data = codec.encode_on_device(pixels, output.image_format, output.quality)
             if data is None:
@@ -349,13 +379,14 @@ def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
 
 def _size(image: Image) -> Canvas:
     """(height, width) of a CHW tensor or an HWC array."""
-    return tuple(image.shape[1:]) if isinstance(image, torch.Tensor) else image.shape[:2]
+    return image.shape[:2] if isinstance(image, np.ndarray) else tuple(image.shape[1:])
 
 
-def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
+def _upload(pixels: np.ndarray, device: str) -> torch.Tensor:
     """(H, W, 3) uint8 → (3, H, W) float in [0, 1] on the device."""
+    torch = _torch()
     tensor = torch.from_numpy(pixels)
-    if device.type == "cuda":  # pinned: the copy overlaps the next decode
+    if device != "cpu":  # pinned: the copy overlaps the next decode
         tensor = tensor.pin_memory()
     tensor = tensor.to(device, non_blocking=True)
     return tensor.permute(2, 0, 1).to(torch.float32) / 255
@@ -363,7 +394,7 @@ def _upload(pixels: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _as_tensor(image: Image) -> torch.Tensor:
     """The torch form of an image (a CPU-path array becomes a CPU tensor)."""
-    return image if isinstance(image, torch.Tensor) else _upload(image, torch.device("cpu"))
+    return _upload(image, "cpu") if isinstance(image, np.ndarray) else image
 
 
 def _warp(items: list[_Item]) -> None:
@@ -381,8 +412,12 @@ def _warp(items: list[_Item]) -> None:
                 continue
             item.image = _as_tensor(item.image)
         groups[(tuple(item.image.shape), item.canvas)].append(item)
+    if not groups:
+        return
+    from rayaug.kernels import warp
+
     for (_, canvas), group in groups.items():
-        images = torch.stack([item.image for item in group])
+        images = _torch().stack([item.image for item in group])
         warped = warp(images, np.stack([item.pending for item in group]), canvas)
         for item, image in zip(group, warped, strict=True):
             item.image, item.pending = image, np.eye(3)

@@ -9,12 +9,14 @@ import io
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:  # torch loads only on a CUDA device's path (see augment)
+    import torch
 
 # EXIF orientations 5-8 swap width and height.
 _TRANSPOSED = {5, 6, 7, 8}
@@ -171,18 +173,21 @@ def _torchvision_io() -> ModuleType | None:
     return tvio
 
 
-def decode_on_device(
-    data: bytes, opened: Opened, reduction: int, device: torch.device
-) -> torch.Tensor | None:
+def decode_on_device(opened: Opened, reduction: int, device: str) -> torch.Tensor | None:
     """(3, H, W) float in [0, 1] on a CUDA device, decoded by nvJPEG and box-filtered by
     `reduction` like the Pillow path; None when nvJPEG does not apply (not a plain JPEG,
     EXIF-rotated, no torchvision): the caller decodes with Pillow then."""
+    if device != "cuda":
+        return None
     tvio = _torchvision_io()
     plain_jpeg = opened.image.format == "JPEG" and opened.image.mode in ("RGB", "L")
-    if device.type != "cuda" or tvio is None or not plain_jpeg or opened.orientation != 1:
+    if tvio is None or not plain_jpeg or opened.orientation != 1:
         return None
+    import torch
+    import torch.nn.functional as F
+
     try:
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        raw = torch.frombuffer(bytearray(opened.data), dtype=torch.uint8)
         image = tvio.decode_jpeg(raw, mode=tvio.ImageReadMode.RGB, device=device)
     except RuntimeError:
         return None

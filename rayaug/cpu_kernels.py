@@ -14,8 +14,7 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from rayaug.kernels import fused_colour_map
-from rayaug.ops import Canvas, Params
+from rayaug.ops import Canvas, Params, fused_colour_map
 
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767

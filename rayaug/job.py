@@ -326,9 +326,7 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         },
         batch_size=1,
         batch_format="numpy",
-        compute=ActorPoolStrategy(
-            size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR
-        ),
+        compute=ActorPoolStrategy(size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR),
         num_cpus=shape.cpus_per_actor,
         num_gpus=shape.gpus_per_actor,
         # -1: an actor task is retried until it succeeds or its actor has used up its

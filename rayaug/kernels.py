@@ -14,7 +14,7 @@ import kornia
 import numpy as np
 import torch
 
-from rayaug.ops import Params
+from rayaug.ops import Params, fused_colour_map
 
 Kernel = Callable[[torch.Tensor, list[Params]], torch.Tensor]
 
@@ -49,41 +49,6 @@ def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Te
         "saturation": enhance.adjust_saturation_with_gray_subtraction,
         "hue": lambda x, f: enhance.adjust_hue(x, f * 2 * math.pi),
     }
-
-
-# ITU-R 601 luma, as Kornia's grayscale; YIQ for the fused hue rotation about the gray axis.
-_LUMA = np.array([0.299, 0.587, 0.114])
-_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
-
-
-def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray, np.ndarray]:
-    """One jitter step as an affine map of RGB: (3x3 matrix, offset)."""
-    identity, no_offset = np.eye(3), np.zeros(3)
-    if step == "brightness":
-        return factor * identity, no_offset
-    if step == "contrast":
-        return factor * identity, np.full(3, (1 - factor) * mean_gray)
-    if step == "saturation":
-        return factor * identity + (1 - factor) * np.outer(np.ones(3), _LUMA), no_offset
-    angle = factor * 2 * math.pi
-    rotation = np.array(
-        [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
-    )
-    return np.linalg.inv(_YIQ) @ rotation @ _YIQ, no_offset
-
-
-def fused_colour_map(mean: np.ndarray, params: Params) -> tuple[np.ndarray, np.ndarray]:
-    """One sample's jitter steps as one affine colour map of RGB in [0, 1]: (3x3, offset).
-
-    Exact without clipping between steps: the contrast step's mean is the mean of an affine
-    image, i.e. the same affine map of the input's mean colour (`mean`, RGB in [0, 1]).
-    """
-    matrix, offset = np.eye(3), np.zeros(3)
-    for step in params["order"]:
-        mean_gray = float(_LUMA @ (matrix @ mean + offset))
-        step_matrix, step_offset = _fused_step(step, params[step], mean_gray)
-        matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
-    return matrix, offset
 
 
 def _fused_jitter(images: torch.Tensor, params: list[Params]) -> torch.Tensor:

@@ -347,7 +347,7 @@ def test_device_codec_steps_aside_where_nvjpeg_does_not_apply() -> None:
     """On the CPU (or for a PNG, or a rotated JPEG) the Pillow path is taken: None, not a stub."""
     data = _save(Image.fromarray(_gradient(32, 48)), "JPEG")
     opened = codec.open_image(data, 10**8)
-    assert codec.decode_on_device(data, opened, 1, torch.device("cpu")) is None
+    assert codec.decode_on_device(opened, 1, "cpu") is None
     pixels = torch.zeros(3, 8, 8, dtype=torch.uint8)
     assert codec.encode_on_device(pixels, "jpeg", 90) is None
 
