@@ -343,6 +343,15 @@ def test_identical_pixels_give_identical_bytes(image_format: str) -> None:
     assert OutputSpec(uri="o", image_format=image_format).extension in {"jpg", "png", "webp"}
 
 
+@pytest.mark.parametrize("quality", [1, 50, 75, 90, 95, 100])
+def test_jpeg_bytes_are_pillows_whatever_the_quality(photos, quality: int) -> None:
+    """OpenCV encodes JPEGs: the bytes must stay Pillow's, so outputs and replays of earlier
+    runs keep their sha256."""
+    pixels = np.asarray(Image.open(io.BytesIO(photos[1].jpeg)).convert("RGB"))
+    expected = _save(Image.fromarray(pixels), "JPEG", quality=quality)
+    assert codec.encode(pixels, "jpeg", quality) == expected
+
+
 def test_device_codec_steps_aside_where_nvjpeg_does_not_apply() -> None:
     """On the CPU (or for a PNG, or a rotated JPEG) the Pillow path is taken: None, not a stub."""
     data = _save(Image.fromarray(_gradient(32, 48)), "JPEG")

@@ -294,7 +294,8 @@ def _node_loss(args: argparse.Namespace) -> int:
     cluster = Cluster(shutdown_at_exit=True)
     try:
         # Ray's default health checks: the GCS declares the lost node dead only after several
-        # missed checks (~15 s), and the job must ride that window out (see max_task_retries in job._pipeline).
+        # missed checks (~15 s), and the job must ride that window out (see max_task_retries
+        # in job._pipeline).
         cluster.add_node(num_cpus=0, include_dashboard=False, **loopback)
         workers = [cluster.add_node(num_cpus=2, **loopback) for _ in range(2)]
         cluster.wait_for_nodes()
