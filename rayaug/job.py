@@ -15,6 +15,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ CALLS_PER_ACTOR = 2
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
 # The CLI draws its own progress; Ray's start-up chatter would bury it.
-QUIET = {"log_to_driver": False, "logging_level": logging.WARNING}
+QUIET = {"log_to_driver": False, "logging_level": logging.ERROR}
 
 
 @dataclass(frozen=True)
@@ -249,16 +250,14 @@ def _connect(options: RunOptions) -> bool:
 
     if ray.is_initialized():
         return False
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     env_vars = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     address = options.address or os.environ.get("RAY_ADDRESS")
     if options.address:
         package = str(Path(__file__).parent)
         runtime_env = {"py_modules": [package], "env_vars": env_vars}
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        ray.init(address=address, runtime_env=runtime_env, **QUIET)
     elif address:  # inside a submitted job: the job's runtime_env already carries rayaug
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, **QUIET)
     else:
         ray.init(
             # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
@@ -267,8 +266,8 @@ def _connect(options: RunOptions) -> bool:
             address="local",
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
-            log_to_driver=False,
             runtime_env={"env_vars": env_vars},
+            **QUIET,
         )
     return True
 
@@ -316,27 +315,33 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
     dataset = ray.data.from_items(units, override_num_blocks=len(units))
-    return dataset.map_batches(
-        _ShardStage,
-        fn_constructor_kwargs={
-            "spec": spec,
-            "fmt": plan.format,
-            "num_gpus": shape.gpus_per_actor,
-            "sources": _source_index_args(spec, plan),
-        },
-        batch_size=1,
-        batch_format="numpy",
-        compute=ActorPoolStrategy(size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR),
-        num_cpus=shape.cpus_per_actor,
-        num_gpus=shape.gpus_per_actor,
-        # -1: an actor task is retried until it succeeds or its actor has used up its
-        # restarts, which is what bounds a poison input. A finite count is also spent while a
-        # lost node's actor is merely unreachable (before Ray declares the node dead and
-        # restarts the actor elsewhere): 4 retries were gone within seconds and a node loss
-        # failed the whole job.
-        max_restarts=ACTOR_RESTARTS,
-        max_task_retries=-1,
-    )
+    with warnings.catch_warnings():
+        # Ray 2.60 names no parameter for max_restarts/max_task_retries yet, so they still go
+        # through **ray_remote_args, which warns on every run.
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        return dataset.map_batches(
+            _ShardStage,
+            fn_constructor_kwargs={
+                "spec": spec,
+                "fmt": plan.format,
+                "num_gpus": shape.gpus_per_actor,
+                "sources": _source_index_args(spec, plan),
+            },
+            batch_size=1,
+            batch_format="numpy",
+            compute=ActorPoolStrategy(
+                size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR
+            ),
+            num_cpus=shape.cpus_per_actor,
+            num_gpus=shape.gpus_per_actor,
+            # -1: an actor task is retried until it succeeds or its actor has used up its
+            # restarts, which is what bounds a poison input. A finite count is also spent while a
+            # lost node's actor is merely unreachable (before Ray declares the node dead and
+            # restarts the actor elsewhere): 4 retries were gone within seconds and a node loss
+            # failed the whole job.
+            max_restarts=ACTOR_RESTARTS,
+            max_task_retries=-1,
+        )
 
 
 def _source_index_args(spec: JobSpec, plan: JobPlan) -> bytes | None:

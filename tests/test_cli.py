@@ -165,3 +165,6 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     summary = json.loads(done.stdout)
     assert summary["samples"] == 12 and summary["quarantined"] == 0
     assert (tmp_path / "out" / "_SUCCESS").exists()
+    # The user reads rayaug's own lines, not Ray's start-up log and deprecation warnings.
+    for chatter in ("Started a local Ray instance", "Token authentication", "Warning"):
+        assert chatter not in done.stderr
