@@ -185,7 +185,7 @@ def decode_on_device(opened: Opened, reduction: int, device: str) -> torch.Tenso
     """(3, H, W) float in [0, 1] on a CUDA device, decoded by nvJPEG and box-filtered by
     `reduction` like the Pillow path; None when nvJPEG does not apply (not a plain JPEG,
     EXIF-rotated, no torchvision): the caller decodes with Pillow then."""
-    if device != "cuda":
+    if not device.startswith("cuda"):
         return None
     tvio = _torchvision_io()
     plain_jpeg = opened.image.format == "JPEG" and opened.image.mode in ("RGB", "L")

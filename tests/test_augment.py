@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import io
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -413,3 +415,46 @@ def test_the_source_data_is_never_modified(photos, device: str) -> None:
     before = [s.data for s in sources]
     Augmenter(_spec(), device).augment(sources)
     assert [s.data for s in sources] == before
+
+
+# What a fresh CPU actor does: the ops OpenCV covers never load torch (its import is ~2 s of
+# actor start-up and ~400 MB); the first op that needs torch loads it.
+_FRESH_ACTOR = """
+import sys
+from rayaug import sampledata
+from rayaug.augment import Augmenter
+from rayaug.records import SourceSample
+from rayaug.spec import parse_spec
+
+ops = {ops}
+spec = parse_spec({{"input": {{"uri": "in"}}, "output": {{"uri": "out"}}, "ops": ops}})
+photos = list(sampledata.make_photos(3, seed=1, short_side=(64, 96)))
+output = Augmenter(spec, "cpu").augment(
+    [SourceSample(p.key, "mem://" + p.key, p.jpeg, p.label) for p in photos]
+)
+assert len(output.samples) == 3, output.errors
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("ops", "loads_torch"),
+    [
+        (
+            [
+                {"name": "random_resized_crop", "size": 48},
+                {"name": "horizontal_flip"},
+                {"name": "rotation", "degrees": 15},
+                {"name": "color_jitter", "brightness": 0.4, "hue": 0.1, "fused": True},
+            ],
+            False,
+        ),
+        ([{"name": "gaussian_blur", "kernel_size": 5, "sigma": [0.1, 2.0]}], True),
+    ],
+    ids=["opencv-ops", "a-torch-op"],
+)
+def test_a_cpu_augmenter_loads_torch_only_for_an_op_that_needs_it(ops, loads_torch) -> None:
+    script = _FRESH_ACTOR.format(ops=repr([op | {"p": 1.0} for op in ops]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(loads_torch)]
