@@ -98,7 +98,7 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
         if reduction > 1:
             width, height = image.size
             image.draft("RGB", (max(1, width // reduction), max(1, height // reduction)))
-            remaining = min(image.size[0] // max(1, width // reduction), reduction)
+            remaining = _box_factor(image.size[0], width, reduction)
             if remaining >= 2:
                 image = image.reduce(remaining)
         ImageOps.exif_transpose(image, in_place=True)  # not a copy of every upright image
@@ -121,10 +121,16 @@ def _decode_plain_jpeg(opened: Opened, reduction: int) -> np.ndarray | None:
     ):
         return None
     scale = _dct_scale(image.size, reduction)
-    if reduction > 1 and -(-image.size[0] // scale) // max(1, image.size[0] // reduction) >= 2:
+    drafted_width = -(-image.size[0] // scale)  # libjpeg rounds a scaled size up
+    if reduction > 1 and _box_factor(drafted_width, image.size[0], reduction) >= 2:
         return None
     pixels = cv2.imdecode(np.frombuffer(opened.data, np.uint8), _CV2_SCALED_RGB[scale])
     return pixels if pixels is not None and pixels.ndim == 3 else None
+
+
+def _box_factor(drafted_width: int, width: int, reduction: int) -> int:
+    """The box filter left to apply after the decoder's DCT scaling to shrink by `reduction`."""
+    return min(drafted_width // max(1, width // reduction), reduction)
 
 
 def _dct_scale(size: tuple[int, int], reduction: int) -> int:

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from rayaug import commit, inspect
+from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.plan import JobPlan, pending_units, prepare, versions
 from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
@@ -360,10 +361,6 @@ class _ShardStage:
     """
 
     def __init__(self, spec: JobSpec, fmt: str, num_gpus: float, sources: bytes | None) -> None:
-        # Imported here, not at the top: the driver loads this module too, and torch would
-        # cost it ~400 MB and seconds of a scarce CPU.
-        from rayaug.augment import Augmenter, pick_device
-
         self.spec = spec
         self.fmt = fmt
         self.source = open_location(spec.input.uri, spec.storage)
