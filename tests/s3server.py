@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import ExitStack, suppress
 from pathlib import Path
 
@@ -184,23 +185,42 @@ class SeaweedS3:
             raise
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Block until a bucket listing through pyarrow succeeds; raise if weed died or hung."""
+        """Block until a bucket listing through pyarrow succeeds and the volume server has
+        registered with the master; raise if weed died or hung. Listing needs only the filer:
+        after a restart, reads of existing objects failed (INTERNAL_FAILURE) until then."""
         probe = self.filesystem(
             connect_timeout=1,
             request_timeout=3,
             retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=1),
         )
+        log = self.root / "logs" / "weed.out"
         deadline = time.monotonic() + timeout
         while True:
             if not self.running:
-                raise RuntimeError(f"weed exited; see {self.root / 'logs' / 'weed.out'}")
-            try:
-                probe.get_file_info(fs.FileSelector("", recursive=False))
+                raise RuntimeError(f"weed exited; see {log}")
+            if self._answers(probe):
                 return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weed not ready after {timeout:g} s; see {log}")
+            time.sleep(0.1)
+
+    def _answers(self, probe: fs.S3FileSystem) -> bool:
+        try:
+            probe.get_file_info(fs.FileSelector("", recursive=False))
+            return self._volume_servers() > 0
+        except OSError:  # urllib's errors included
+            return False
+
+    def _volume_servers(self) -> int:
+        """Volume servers in the master's topology (its `/dir/status`)."""
+        url = f"http://127.0.0.1:{self.ports['master.port']}/dir/status"
+        with urllib.request.urlopen(url, timeout=3) as response:
+            topology = json.load(response)["Topology"]
+        return sum(
+            len(rack.get("DataNodes") or [])
+            for centre in topology.get("DataCenters") or []
+            for rack in centre.get("Racks") or []
+        )
 
     def _end(self, sig: signal.Signals, timeout: float) -> None:
         if self._proc is None:
