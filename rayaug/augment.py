@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rayaug import codec, cpu_kernels
+from rayaug import codec, cpu_kernels, mixes, targets
 from rayaug.errors import StorageError
 from rayaug.ops import (
     Applied,
@@ -47,10 +47,8 @@ from rayaug.spec import JobSpec
 if TYPE_CHECKING:
     import torch
 
-    from rayaug import mixes
-
     # A sample's pixels: (3, H, W) float in [0, 1] on the device, or, on the CPU, (H, W, 3)
-    # uint8 RGB as decoded, until an op needs torch (OpenCV warps and colours it meanwhile).
+    # uint8 RGB from decoder to encoder (OpenCV kernels; torch only where OpenCV cannot warp).
     Image = torch.Tensor | np.ndarray
 
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
@@ -59,6 +57,9 @@ TORCH_THREADS = 1
 # A mix partner that cannot be read or decoded gives way to the next source (it is
 # quarantined as a sample of its own); after this many, the sample is quarantined.
 PARTNER_TRIES = 8
+# The device path (Kornia on float tensors) on the CPU, instead of the uint8 OpenCV kernels:
+# how a machine without a GPU tests, end to end, the code a GPU runs.
+KORNIA_ON_CPU = "cpu-kornia"
 
 
 def pick_device(num_gpus: float) -> str:
@@ -114,9 +115,6 @@ class _Item:
         """The targets moved through the geometric ops before `applied[upto]`."""
         if self.targets is None:
             return None
-        _torch()
-        from rayaug import targets
-
         matrix = composed_warp(self.applied[self.targets_from : upto], self.targets_canvas)
         return targets.move(self.targets, matrix, self.targets_canvas, self.canvas)
 
@@ -127,14 +125,17 @@ class Augmenter:
     def __init__(
         self, spec: JobSpec, device: str = "cpu", partners: SourceIndex | None = None
     ) -> None:
+        """`device`: "cpu" (uint8 OpenCV kernels), a torch device such as "cuda:0" (Kornia),
+        or KORNIA_ON_CPU."""
         cpu_kernels.use_one_thread()
         if spec.mixes and partners is None:
             raise ValueError("a job with mix ops needs the index of its sources (partners)")
         self.spec = spec
         self.pipeline: list[Op] = spec.pipeline()
-        self.device = device
+        self.uint8_path = device == "cpu"
+        self.device = "cpu" if device == KORNIA_ON_CPU else device
         self.partners = partners
-        if device != "cpu":
+        if not self.uint8_path:
             _torch()
 
     def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
@@ -224,7 +225,7 @@ class Augmenter:
         image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
             pixels = codec.decode(opened, reduction)
-            image = pixels if self.device == "cpu" else _upload(pixels, self.device)
+            image = pixels if self.uint8_path else _upload(pixels, self.device)
         return image, _rescale(_size(image), opened.canvas) if reduction > 1 else np.eye(3)
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
@@ -265,11 +266,8 @@ class Augmenter:
         partners = self._partners(item, step, tiles)
         records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
         item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
-        image = _as_tensor(item.image)  # mixes are torch code: the sample leaves the 8-bit path
-        from rayaug import mixes
-
-        sample = mixes.Layer(image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
-        layers = [sample, *(layer for _, layer in partners)]
+        sample = mixes.Layer(item.image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
+        layers = _same_form([sample, *(layer for _, layer in partners)], tiles)
         mixed = mixes.mix(step.op, step.params, item.canvas, layers)
         item.image, item.targets, item.labels = mixed.image, mixed.targets, mixed.labels
         item.targets_canvas, item.targets_from = item.canvas, at + 1
@@ -315,22 +313,16 @@ class Augmenter:
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
         image, to_canvas = self._decode(source.data or b"", opened, reduction)
-        layer = _as_tensor(image)
-        from rayaug import mixes
-
-        return mixes.Layer(layer, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
+        return mixes.Layer(image, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, Applied]]) -> None:
         op = steps[0][1].op
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, step in steps:
-            # A CPU-path array stays 8-bit while OpenCV has the kernel; else it goes to torch.
-            pixel_kernel = cpu_kernels.pixel_kernel(step.name, step.params)
-            if isinstance(item.image, np.ndarray) and pixel_kernel is not None:
-                item.image = pixel_kernel(item.image, step.params)
+            if isinstance(item.image, np.ndarray):  # the CPU path: every op has a uint8 kernel
+                item.image = cpu_kernels.KERNELS[step.name](item.image, step.params)
                 continue
-            item.image = _as_tensor(item.image)
             groups[(tuple(item.image.shape), op.batch_key(step.params))].append((item, step))
         if not groups:
             return
@@ -390,6 +382,23 @@ def _upload(pixels: np.ndarray, device: str) -> torch.Tensor:
         tensor = tensor.pin_memory()
     tensor = tensor.to(device, non_blocking=True)
     return tensor.permute(2, 0, 1).to(torch.float32) / 255
+
+
+def _same_form(layers: list[mixes.Layer], tiles: dict[int, Tile]) -> list[mixes.Layer]:
+    """A mix's images all as CPU-path arrays (when OpenCV can fit every one to its tile) or
+    all as tensors: the sample's form decides, unless an image only Kornia can warp."""
+
+    def warpable(layer: mixes.Layer, number: int) -> bool:
+        tile = tiles.get(number)
+        return tile is None or cpu_kernels.can_warp(_size(layer.image), tile.size)
+
+    arrays = all(
+        isinstance(layer.image, np.ndarray) and warpable(layer, number)
+        for number, layer in enumerate(layers)
+    )
+    if arrays:
+        return layers
+    return [dataclasses.replace(layer, image=_as_tensor(layer.image)) for layer in layers]
 
 
 def _as_tensor(image: Image) -> torch.Tensor:

@@ -1,10 +1,14 @@
-"""The CPU path's pixel kernels: OpenCV on (H, W, 3) uint8 RGB, straight from the decoder.
+"""The CPU path's pixel kernels: OpenCV and numpy on (H, W, 3) uint8 RGB, decoder to encoder.
 
-On a CPU, Kornia's float32 warp and the float↔uint8 conversions around it cost several
-times OpenCV's SIMD uint8 kernels. The conventions are Kornia's: a warp takes the same
-source→destination homography as `warp_perspective(align_corners=True)` (pixel centres at
-integer coordinates, black outside), so it differs from Kornia's result only by rounding to
-8 bits. Every kernel works on one sample alone: its result never depends on its batch.
+On a CPU, Kornia's float32 kernels and the float↔uint8 conversions around them cost several
+times OpenCV's SIMD uint8 kernels. Every op keeps its Kornia semantics (the reference, see
+`kernels`): a warp takes the same source→destination homography as
+`warp_perspective(align_corners=True)` (pixel centres at integer coordinates, black outside);
+a photometric kernel computes Kornia's formula and rounds to 8 bits once, where Kornia's path
+rounds at the encoder. Point ops are lookup tables; colour maps are `cv2.transform` (float
+maths, one rounding); the README states each kernel's measured distance from Kornia's.
+Every kernel works on one sample alone and never writes into its input: its result never
+depends on its batch, and a sample can be rerun from its decoded pixels.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from rayaug.ops import Canvas, Params, fused_colour_map
+from rayaug.ops import LUMA, Params, fused_colour_map, noise_field
 
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767
+_LEVELS = np.arange(256, dtype=np.float64)
 
 PixelKernel = Callable[[np.ndarray, Params], np.ndarray]
 
@@ -27,14 +32,14 @@ def use_one_thread() -> None:
     cv2.setNumThreads(1)
 
 
-def can_warp(size: Canvas, canvas: Canvas) -> bool:
+def can_warp(size: tuple[int, int], canvas: tuple[int, int]) -> bool:
     """Whether OpenCV warps an image of `size` onto `canvas` (both (height, width)) as Kornia
     does. Not one pixel wide or high: Kornia's align_corners grid degenerates there into
     sampling that pixel everywhere, where OpenCV would blend it with the black outside."""
     return max(*size, *canvas) < _MAX_SIDE and min(size) > 1
 
 
-def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: Canvas) -> np.ndarray:
+def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: tuple[int, int]) -> np.ndarray:
     """Bilinear warp by the source→destination homography `matrix` onto a `canvas`, zeros
     outside the source (each of the four taps on its own, as Kornia's zero padding)."""
     # Inverted here, in float64, so OpenCV samples exactly where Kornia's inverse grid does.
@@ -49,17 +54,192 @@ def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: Canvas) -> np.ndarray:
     )
 
 
-def fused_color_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
-    """`kernels.color_jitter` with `fused: true`: one affine colour map, rounded and clipped
-    to 8 bits once (as the float path's final conversion does)."""
-    mean = np.array(cv2.mean(pixels)[:3]) / 255
-    matrix, offset = fused_colour_map(mean, params)
-    affine = np.hstack([matrix, 255 * offset[:, None]])
-    return cv2.transform(pixels, affine)
+# ---------------------------------------------------------------- building blocks
 
 
-def pixel_kernel(name: str, params: Params) -> PixelKernel | None:
-    """The uint8 kernel for one photometric step, or None when it needs the torch kernels."""
-    if name == "color_jitter" and params.get("fused"):
-        return fused_color_jitter
-    return None
+def _lut(pixels: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """A point op: `table` (256 values, or 256 x 3 per channel) of 0-255 floats, rounded as
+    the float path's encoder rounds (half to even) and clipped."""
+    levels = np.clip(np.rint(table), 0, 255).astype(np.uint8)
+    return cv2.LUT(pixels, levels.reshape(256, 1, -1) if levels.ndim == 2 else levels)
+
+
+def _colour_map(pixels: np.ndarray, matrix: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """RGB → matrix @ RGB + offset (offset in 0-255 levels), one rounding, clipped."""
+    return cv2.transform(pixels, np.hstack([matrix, offset[:, None]]))
+
+
+def _towards_gray(pixels: np.ndarray, factor: float) -> np.ndarray:
+    """factor · image + (1 - factor) · its luma: Kornia's saturation step (0: grayscale)."""
+    matrix = factor * np.eye(3) + (1 - factor) * np.outer(np.ones(3), LUMA)
+    return _colour_map(pixels, matrix, np.zeros(3))
+
+
+def _mean_gray(pixels: np.ndarray) -> float:
+    """The mean luma in levels (Kornia's contrast reference)."""
+    return float(LUMA @ np.array(cv2.mean(pixels)[:3]))
+
+
+def _to_uint8(levels: np.ndarray) -> np.ndarray:
+    """0-255 floats → uint8, rounded half to even and clipped (the encoder's conversion)."""
+    return np.clip(np.rint(levels), 0, 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------- colour
+
+
+def _hue(pixels: np.ndarray, turns: float) -> np.ndarray:
+    """Kornia's `adjust_hue`: rotate the HSV hue by `turns` of a full circle. In float32:
+    8-bit HSV would quantise the hue to 1.4° steps (up to 3 levels off on saturated colours).
+    OpenCV's float HSV keeps V in the input's 0-255 scale, so no rescaling either way."""
+    hsv = cv2.cvtColor(pixels.astype(np.float32), cv2.COLOR_RGB2HSV)
+    hue = hsv[..., 0]
+    hue += np.float32(turns * 360)  # |turns| ≤ 0.5: one wrap either way (np.mod is 4x slower)
+    hue[hue >= 360] -= 360
+    hue[hue < 0] += 360
+    return cv2.convertScaleAbs(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
+
+
+def _jitter_step(pixels: np.ndarray, step: str, factor: float) -> np.ndarray:
+    if step == "brightness":
+        return _lut(pixels, _LEVELS * factor)
+    if step == "contrast":
+        return _lut(pixels, _LEVELS * factor + _mean_gray(pixels) * (1 - factor))
+    if step == "saturation":
+        return _towards_gray(pixels, factor)
+    return _hue(pixels, factor)
+
+
+def color_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """`kernels.color_jitter`: each step in the sample's recorded order, clipped after each
+    step as Kornia's are; or, with `fused`, one affine colour map rounded once."""
+    if params.get("fused"):
+        matrix, offset = fused_colour_map(np.array(cv2.mean(pixels)[:3]) / 255, params)
+        return _colour_map(pixels, matrix, 255 * offset)
+    for step in params["order"]:
+        pixels = _jitter_step(pixels, step, params[step])
+    return pixels
+
+
+def grayscale(pixels: np.ndarray, params: Params) -> np.ndarray:
+    return _towards_gray(pixels, 0.0)
+
+
+def posterize(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Keep the high `bits` of each level (Kornia truncates to levels, then shifts)."""
+    shift = 8 - params["bits"]
+    return _lut(pixels, (np.arange(256) >> shift) << shift)
+
+
+def solarize(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Invert levels at or above the threshold, compared in float32 as Kornia compares."""
+    below = np.arange(256, dtype=np.float32) / np.float32(255) < np.float32(params["threshold"])
+    return _lut(pixels, np.where(below, _LEVELS, 255 - _LEVELS))
+
+
+def invert(pixels: np.ndarray, params: Params) -> np.ndarray:
+    return cv2.bitwise_not(pixels)
+
+
+def autocontrast(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Stretch each channel from its own [min, max] to [0, 255]; a flat channel stays."""
+    extremes = [cv2.minMaxLoc(channel)[:2] for channel in cv2.split(pixels)]
+    low, high = (np.array(side) for side in zip(*extremes, strict=True))
+    span = np.where(high > low, high - low, 1.0)
+    stretched = (_LEVELS[:, None] - low) * (255 / span)
+    return _lut(pixels, np.where(high > low, stretched, _LEVELS[:, None]))
+
+
+def equalize(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """PIL's (and Kornia's) per-channel histogram equalisation."""
+    tables = []
+    for channel in range(3):
+        histogram = cv2.calcHist([pixels], [channel], None, [256], [0, 256]).ravel().astype(int)
+        last = histogram[np.flatnonzero(histogram)[-1]]
+        step = (histogram.sum() - last) // 255
+        if step == 0:  # one level (or nearly): the channel is left as it is
+            tables.append(_LEVELS)
+            continue
+        table = (np.cumsum(histogram) + step // 2) // step
+        tables.append(np.concatenate([[0], table[:-1]]))
+    return _lut(pixels, np.stack(tables, axis=1))
+
+
+# ---------------------------------------------------------------- filters
+
+
+def gaussian_blur(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Kornia's `gaussian_blur2d` (its normalised kernel, 'reflect' = OpenCV's REFLECT_101),
+    in float, rounded once."""
+    size, sigma = params["kernel_size"], params["sigma"]
+    if size // 2 >= min(pixels.shape[:2]):  # torch's reflect padding refuses it: so do we
+        raise ValueError(f"a {size}-pixel blur needs an image over {size // 2} pixels a side")
+    x = np.arange(size, dtype=np.float64) - size // 2
+    kernel = np.exp(-(x**2) / (2 * sigma**2))
+    kernel /= kernel.sum()
+    return cv2.sepFilter2D(pixels, -1, kernel, kernel, borderType=cv2.BORDER_REFLECT_101)
+
+
+_SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float64) / 13
+
+
+def sharpness(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Kornia's (PIL's) sharpness: blend with the 3x3-smoothed image, whose one-pixel border
+    is the original's; factor 1 is the image, 0 the smoothed one, 2 sharper."""
+    if min(pixels.shape[:2]) < 3:  # Kornia's unpadded 3x3 convolution refuses it: so do we
+        raise ValueError("sharpness needs an image of at least 3x3 pixels")
+    smooth = cv2.filter2D(pixels, cv2.CV_32F, _SMOOTH)
+    image = pixels.astype(np.float32)
+    for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+        smooth[edge] = image[edge]
+    np.clip(smooth, 0, 255, out=smooth)
+    return _to_uint8(smooth + (image - smooth) * np.float32(params["factor"]))
+
+
+# ---------------------------------------------------------------- noise and erasing
+
+
+def gaussian_noise(pixels: np.ndarray, params: Params) -> np.ndarray:
+    noise = noise_field(params["noise_seed"], pixels.shape[:2], "normal")
+    levels = pixels.astype(np.float32)
+    levels += noise * np.float32(255 * params["std"]) + np.float32(255 * params["mean"])
+    return _to_uint8(levels)
+
+
+def salt_and_pepper(pixels: np.ndarray, params: Params) -> np.ndarray:
+    draws = noise_field(params["noise_seed"], pixels.shape[:2], "uniform")
+    salt = params["amount"] * params["salt_vs_pepper"]
+    out = pixels.copy()
+    out[draws < salt] = 255
+    out[(draws >= salt) & (draws < params["amount"])] = 0
+    return out
+
+
+def erasing(pixels: np.ndarray, params: Params) -> np.ndarray:
+    x0, y0, w, h = params["box"]
+    out = pixels.copy()
+    out[y0 : y0 + h, x0 : x0 + w] = round(params["value"] * 255)
+    return out
+
+
+KERNELS: dict[str, PixelKernel] = {
+    "color_jitter": color_jitter,
+    "grayscale": grayscale,
+    "gaussian_blur": gaussian_blur,
+    "gaussian_noise": gaussian_noise,
+    "salt_and_pepper": salt_and_pepper,
+    "erasing": erasing,
+    "sharpness": sharpness,
+    "posterize": posterize,
+    "solarize": solarize,
+    "equalize": equalize,
+    "autocontrast": autocontrast,
+    "invert": invert,
+}
+
+# ---------------------------------------------------------------- mixes
+
+
+def blend(first: np.ndarray, second: np.ndarray, weight: float) -> np.ndarray:
+    """weight · first + (1 - weight) · second, rounded once (MixUp)."""
+    return cv2.addWeighted(first, weight, second, 1 - weight, 0.0)

@@ -14,7 +14,7 @@ import kornia
 import numpy as np
 import torch
 
-from rayaug.ops import Params, fused_colour_map
+from rayaug.ops import Params, fused_colour_map, noise_field
 
 Kernel = Callable[[torch.Tensor, list[Params]], torch.Tensor]
 
@@ -36,9 +36,13 @@ def _per_sample(params: list[Params], key: str, like: torch.Tensor) -> torch.Ten
     return torch.tensor([p[key] for p in params], dtype=like.dtype, device=like.device)
 
 
-def _generator(seed: int) -> torch.Generator:
-    """Noise is drawn on the CPU from a recorded seed, so every device sees the same noise."""
-    return torch.Generator().manual_seed(seed)
+def _noise(params: list[Params], size: tuple[int, int], kind: str, like: torch.Tensor):
+    """Each sample's noise field (`ops.noise_field`, drawn on the CPU from its recorded seed:
+    every device, and the CPU's uint8 kernels, see the same numbers), channels first."""
+    fields = [torch.from_numpy(noise_field(p["noise_seed"], size, kind)) for p in params]
+    stacked = torch.stack(fields)
+    stacked = stacked.permute(0, 3, 1, 2) if kind == "normal" else stacked[:, None]
+    return stacked.to(device=like.device, dtype=like.dtype)
 
 
 def _jitter_steps() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
@@ -94,16 +98,13 @@ def gaussian_blur(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
 
 
 def gaussian_noise(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    shape = images.shape[1:]
-    noise = torch.stack([torch.randn(shape, generator=_generator(p["noise_seed"])) for p in params])
+    noise = _noise(params, tuple(images.shape[2:]), "normal", images)
     mean, std = (_per_sample(params, k, images)[:, None, None, None] for k in ("mean", "std"))
-    return (images + noise.to(images.device) * std + mean).clamp(0, 1)
+    return (images + noise * std + mean).clamp(0, 1)
 
 
 def salt_and_pepper(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    shape = (1, *images.shape[2:])
-    u = torch.stack([torch.rand(shape, generator=_generator(p["noise_seed"])) for p in params])
-    u = u.to(images.device)
+    u = _noise(params, tuple(images.shape[2:]), "uniform", images)
     amount = _per_sample(params, "amount", images)[:, None, None, None]
     salt = amount * _per_sample(params, "salt_vs_pepper", images)[:, None, None, None]
     images = torch.where(u < salt, torch.ones_like(images), images)
@@ -118,21 +119,28 @@ def erasing(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
     return images
 
 
+def _levels(images: torch.Tensor) -> torch.Tensor:
+    """The 8-bit levels the encoder would write. Ops defined on levels (posterize, solarize,
+    equalize: PIL's, which torchvision's policies follow) see these, as the CPU's uint8 kernels
+    do; Kornia's own would truncate unrounded values, half a level low on average."""
+    return (images * 255).round() / 255
+
+
 def sharpness(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
     return kornia.enhance.sharpness(images, _per_sample(params, "factor", images))
 
 
 def posterize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
     bits = torch.tensor([p["bits"] for p in params], device=images.device)
-    return kornia.enhance.posterize(images, bits)
+    return kornia.enhance.posterize(_levels(images), bits)
 
 
 def solarize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    return kornia.enhance.solarize(images, _per_sample(params, "threshold", images))
+    return kornia.enhance.solarize(_levels(images), _per_sample(params, "threshold", images))
 
 
 def equalize(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
-    return kornia.enhance.equalize(images)
+    return kornia.enhance.equalize(_levels(images))
 
 
 def autocontrast(images: torch.Tensor, params: list[Params]) -> torch.Tensor:

@@ -140,6 +140,16 @@ def _noise_seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2**63 - 1))
 
 
+def noise_field(seed: int, size: Canvas, kind: Literal["normal", "uniform"]) -> np.ndarray:
+    """A noise op's random field from its recorded seed alone: (h, w, 3) standard normals, or
+    (h, w) uniforms in [0, 1). numpy on the CPU, so both kernel sets and every device draw the
+    same numbers for a sample."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal((*size, 3), dtype=np.float32)
+    return rng.random(size, dtype=np.float32)
+
+
 # ---------------------------------------------------------------- geometric ops
 
 
@@ -547,7 +557,7 @@ class Invert(PhotometricOp):
 
 # The fused colour jitter, as one affine map of RGB (the kernels on every device apply it).
 # ITU-R 601 luma, as Kornia's grayscale; YIQ for the fused hue rotation about the gray axis.
-_LUMA = np.array([0.299, 0.587, 0.114])
+LUMA = np.array([0.299, 0.587, 0.114])
 _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 
 
@@ -559,7 +569,7 @@ def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray,
     if step == "contrast":
         return factor * identity, np.full(3, (1 - factor) * mean_gray)
     if step == "saturation":
-        return factor * identity + (1 - factor) * np.outer(np.ones(3), _LUMA), no_offset
+        return factor * identity + (1 - factor) * np.outer(np.ones(3), LUMA), no_offset
     angle = factor * 2 * math.pi
     rotation = np.array(
         [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
@@ -575,7 +585,7 @@ def fused_colour_map(mean: np.ndarray, params: Params) -> tuple[np.ndarray, np.n
     """
     matrix, offset = np.eye(3), np.zeros(3)
     for step in params["order"]:
-        mean_gray = float(_LUMA @ (matrix @ mean + offset))
+        mean_gray = float(LUMA @ (matrix @ mean + offset))
         step_matrix, step_offset = _fused_step(step, params[step], mean_gray)
         matrix, offset = step_matrix @ matrix, step_matrix @ offset + step_offset
     return matrix, offset

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import io
 
-import kornia
+import cv2
 import numpy as np
-import torch
 from PIL import Image
 
 from rayaug.records import Targets
@@ -82,15 +81,16 @@ def _move_mask(
     ids = mask_ids(mask)
     if ids.shape != source:
         raise ValueError(f"mask is {ids.shape[1]}x{ids.shape[0]}, image {source[1]}x{source[0]}")
-    warped = kornia.geometry.transform.warp_perspective(
-        torch.from_numpy(ids.astype(np.float32))[None, None],
-        torch.tensor(matrix, dtype=torch.float32)[None],
-        canvas,
-        mode="nearest",
-        padding_mode="zeros",
-        align_corners=True,
+    # Nearest neighbour, class 0 outside: class ids are never blended. OpenCV on every device:
+    # a mask is a small uint8 array on the host whatever the pixels run on.
+    return cv2.warpPerspective(
+        ids,
+        np.linalg.inv(matrix),
+        (canvas[1], canvas[0]),
+        flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=0,
     )
-    return warped[0, 0].round().to(torch.uint8).numpy()
 
 
 def move(

@@ -36,8 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--device",
         default="cpu",
-        choices=["cpu", "cuda"],
-        help="device for the augment tests (cuda on a GPU machine)",
+        choices=["cpu", "cpu-kornia", "cuda"],
+        help="device for the augment tests: cpu (uint8 OpenCV kernels; the augment tests also"
+        " run cpu-kornia, the device path on the CPU), cpu-kornia alone, or cuda on a GPU",
     )
 
 

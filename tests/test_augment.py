@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rayaug.augment import Augmenter
+from rayaug.augment import KORNIA_ON_CPU, Augmenter
 from rayaug.ops import CATALOGUE, draw_ops, from_records
 from rayaug.records import ShardOutput, SourceSample, sample_seed
 from rayaug.spec import JobSpec, parse_spec
@@ -111,6 +111,16 @@ def _encode(image: Image.Image, fmt: str = "PNG", **options) -> bytes:
 
 def _pixels(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.fixture(scope="module", params=["cpu", KORNIA_ON_CPU])
+def device(device: str, request: pytest.FixtureRequest) -> str:
+    """A CPU run tests both kernel sets: the uint8 OpenCV path and the device path (Kornia)."""
+    if device != "cpu":
+        if request.param != "cpu":
+            pytest.skip(f"--device {device}: one run, on that device")
+        return device
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +296,7 @@ def test_a_read_error_is_quarantined_at_stage_read(photos, device: str) -> None:
 def test_an_op_failing_for_one_sample_quarantines_only_that_sample(
     photos, device: str, batch_size: int
 ) -> None:
-    # Kornia's sharpness needs a 3x3 neighbourhood: a 1x1 or 2x2 image cannot go through it.
+    # Sharpness needs a 3x3 neighbourhood: a 1x1 or 2x2 image cannot go through it.
     ops = [{"name": "color_jitter", "brightness": 0.3, "p": 1.0}, {"name": "sharpness", "p": 1.0}]
     spec = _spec(ops, views=1, execution={"batch_size": batch_size})
     tiny = [
@@ -301,7 +311,9 @@ def test_an_op_failing_for_one_sample_quarantines_only_that_sample(
         ("tiny/1x1.png", "augment"),
         ("tiny/2x2.png", "augment"),
     ]
-    assert all(q.error_class == "RuntimeError" and q.message for q in output.quarantined)
+    # Kornia's conv2d raises a RuntimeError, the uint8 kernel a ValueError saying why
+    assert all(q.error_class in ("RuntimeError", "ValueError") for q in output.quarantined)
+    assert all(q.message for q in output.quarantined)
     kept = {s.source_key for s in output.samples}
     assert kept == {s.key for s in good} | {"tiny/3x3.png"}  # 3x3 is enough
     # the batch-mates are not disturbed: same bytes as a run without the tiny images
@@ -417,44 +429,83 @@ def test_the_source_data_is_never_modified(photos, device: str) -> None:
     assert [s.data for s in sources] == before
 
 
-# What a fresh CPU actor does: the ops OpenCV covers never load torch (its import is ~2 s of
-# actor start-up and ~400 MB); the first op that needs torch loads it.
+# What a fresh CPU actor does: every op of the catalogue, the policies, the mixes and label
+# targets run on uint8 OpenCV kernels and never load torch (its import is ~2 s of actor
+# start-up and ~400 MB); only an image OpenCV cannot warp as Kornia does (one pixel wide or
+# high, or a side over 32,767) loads it.
 _FRESH_ACTOR = """
+import io
 import sys
+from PIL import Image
 from rayaug import sampledata
 from rayaug.augment import Augmenter
-from rayaug.records import SourceSample
+from rayaug.records import SourceSample, Targets
+from rayaug.sources import SourceIndex
 from rayaug.spec import parse_spec
 
 ops = {ops}
 spec = parse_spec({{"input": {{"uri": "in"}}, "output": {{"uri": "out"}}, "ops": ops}})
-photos = list(sampledata.make_photos(3, seed=1, short_side=(64, 96)))
-output = Augmenter(spec, "cpu").augment(
-    [SourceSample(p.key, "mem://" + p.key, p.jpeg, p.label) for p in photos]
-)
-assert len(output.samples) == 3, output.errors
+photos = list(sampledata.make_photos(4, seed=1, short_side=(64, 96)))
+sources = [
+    SourceSample(p.key, "mem://" + p.key, p.jpeg, p.label, targets=Targets([[2, 3, 30, 20]], [1]))
+    for p in photos
+]
+if {one_pixel}:
+    thin = io.BytesIO()
+    Image.new("RGB", (1, 40), (200, 30, 90)).save(thin, "PNG")
+    sources[0] = SourceSample("thin", "mem://thin", thin.getvalue(), "thin")
+
+
+class Partners(SourceIndex):
+    def __init__(self):
+        pass
+
+    def __len__(self):
+        return len(sources)
+
+    def read(self, index):
+        return sources[index]
+
+
+output = Augmenter(spec, "cpu", Partners()).augment(sources)
+assert len(output.samples) == 4, output.quarantined
 print("torch" in sys.modules)
 """
 
+RECIPE_OPS = [
+    {"name": "random_resized_crop", "size": 48},
+    {"name": "mosaic"},
+    {"name": "horizontal_flip"},
+    {"name": "color_jitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},
+    {"name": "color_jitter", "brightness": 0.4, "hue": 0.1, "fused": True},
+    {"name": "rotation", "degrees": 15},
+    {"name": "grayscale"},
+    {"name": "gaussian_blur", "kernel_size": 5, "sigma": [0.1, 2.0]},
+    {"name": "gaussian_noise"},
+    {"name": "salt_and_pepper"},
+    {"name": "sharpness"},
+    {"name": "posterize"},
+    {"name": "solarize"},
+    {"name": "equalize"},
+    {"name": "autocontrast"},
+    {"name": "invert"},
+    {"name": "erasing"},
+    {"name": "rand_augment"},
+    {"name": "trivial_augment"},
+    {"name": "auto_augment"},
+    {"name": "cutmix"},
+    {"name": "mixup"},
+]
+
 
 @pytest.mark.parametrize(
-    ("ops", "loads_torch"),
-    [
-        (
-            [
-                {"name": "random_resized_crop", "size": 48},
-                {"name": "horizontal_flip"},
-                {"name": "rotation", "degrees": 15},
-                {"name": "color_jitter", "brightness": 0.4, "hue": 0.1, "fused": True},
-            ],
-            False,
-        ),
-        ([{"name": "gaussian_blur", "kernel_size": 5, "sigma": [0.1, 2.0]}], True),
-    ],
-    ids=["opencv-ops", "a-torch-op"],
+    ("one_pixel", "loads_torch"), [(False, False), (True, True)], ids=["photos", "a-1px-image"]
 )
-def test_a_cpu_augmenter_loads_torch_only_for_an_op_that_needs_it(ops, loads_torch) -> None:
-    script = _FRESH_ACTOR.format(ops=repr([op | {"p": 1.0} for op in ops]))
+def test_a_cpu_augmenter_loads_torch_only_for_what_opencv_cannot_warp(
+    one_pixel: bool, loads_torch: bool
+) -> None:
+    ops = [op | {"p": 1.0} for op in RECIPE_OPS]
+    script = _FRESH_ACTOR.format(ops=repr(ops), one_pixel=one_pixel)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(loads_torch)]

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 
 from rayaug import cpu_kernels
-from rayaug.augment import Augmenter
-from rayaug.kernels import color_jitter
-from rayaug.ops import CATALOGUE, ColorJitter, Rotation
+from rayaug.augment import KORNIA_ON_CPU, Augmenter
+from rayaug.kernels import KERNELS
+from rayaug.ops import CATALOGUE, Rotation
 from rayaug.records import SourceSample
 from rayaug.spec import parse_spec
 
@@ -107,24 +107,81 @@ def test_outside_the_source_is_black() -> None:
     assert (warped[:, :10] == 0).all() and (warped[:, 10:] == 255).all()
 
 
-def test_fused_jitter_matches_the_torch_kernel_within_a_level() -> None:
-    op = ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, fused=True)
-    pixels = _picture()
-    for seed in range(20):
+# Each kernel against its Kornia kernel on real photos: (mean, max) absolute difference in
+# levels that the README promises (measured: exact jitter 0.30 / 4, the others ≤ 0.03 / 1).
+KERNEL_BOUNDS = {
+    "color_jitter": ({"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}, 0.5, 5),
+    "color_jitter (fused)": (
+        {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1, "fused": True},
+        0.1,
+        1,
+    ),
+    "grayscale": ({}, 0.05, 1),
+    "gaussian_blur": ({"kernel_size": 23, "sigma": [0.1, 2.0]}, 0.05, 1),
+    "gaussian_noise": ({"std": [0.01, 0.1]}, 0.05, 1),
+    "salt_and_pepper": ({"amount": [0.01, 0.1]}, 0.0, 0),
+    "erasing": ({"scale": [0.02, 0.25]}, 0.0, 0),
+    "sharpness": ({"factor": [0.1, 2.0]}, 0.05, 1),
+    "posterize": ({"bits": [1, 8]}, 0.0, 0),
+    "solarize": ({"threshold": [0.0, 1.0]}, 0.0, 0),
+    "equalize": ({}, 0.0, 0),
+    "autocontrast": ({}, 0.05, 1),
+    "invert": ({}, 0.0, 0),
+}
+
+
+def _photo_pixels(photos, side: int = 96) -> list[np.ndarray]:
+    return [
+        cv2.resize(np.asarray(Image.open(io.BytesIO(p.jpeg)).convert("RGB")), (side, side))
+        for p in photos
+    ]
+
+
+def test_every_photometric_op_has_a_uint8_kernel() -> None:
+    assert set(cpu_kernels.KERNELS) == set(KERNELS)
+
+
+@pytest.mark.parametrize("case", list(KERNEL_BOUNDS))
+def test_each_kernel_is_kornias_within_its_stated_bound(case: str, photos) -> None:
+    name = case.split()[0]
+    fields, mean_bound, max_bound = KERNEL_BOUNDS[case]
+    op = CATALOGUE[name](**fields)
+    means, maxima = [], []
+    for seed, pixels in enumerate(_photo_pixels(photos) * 2):
         params = op.draw(np.random.default_rng(seed), pixels.shape[:2])
-        ours = cpu_kernels.fused_color_jitter(pixels, params).astype(int)
+        ours = cpu_kernels.KERNELS[name](pixels, params)
+        assert ours.dtype == np.uint8 and ours.shape == pixels.shape
         image = torch.from_numpy(pixels).permute(2, 0, 1)[None].float() / 255
-        theirs = color_jitter(image, [params])[0].permute(1, 2, 0)
-        theirs = (theirs * 255).round().clamp(0, 255).to(torch.uint8).numpy().astype(int)
-        assert np.abs(ours - theirs).max() <= 1
+        theirs = KERNELS[name](image, [params])[0].permute(1, 2, 0)
+        theirs = (theirs * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+        difference = np.abs(ours.astype(int) - theirs.astype(int))
+        means.append(difference.mean())
+        maxima.append(difference.max())
+    assert np.mean(means) <= mean_bound and max(maxima) <= max_bound, (means, maxima)
 
 
-def test_only_the_fused_jitter_has_a_pixel_kernel() -> None:
-    fused = ColorJitter(brightness=0.2, fused=True).draw(np.random.default_rng(0), (8, 8))
-    exact = ColorJitter(brightness=0.2).draw(np.random.default_rng(0), (8, 8))
-    assert cpu_kernels.pixel_kernel("color_jitter", fused) is cpu_kernels.fused_color_jitter
-    assert cpu_kernels.pixel_kernel("color_jitter", exact) is None
-    assert cpu_kernels.pixel_kernel("gaussian_blur", {"kernel_size": 3, "sigma": 1.0}) is None
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_a_kernel_leaves_its_input_as_it_was(name: str, photos) -> None:
+    pixels = _photo_pixels(photos[:1])[0]
+    before = pixels.copy()
+    op = CATALOGUE[name](**KERNEL_BOUNDS[name][0])
+    cpu_kernels.KERNELS[name](pixels, op.draw(np.random.default_rng(0), pixels.shape[:2]))
+    assert np.array_equal(pixels, before)
+
+
+def test_the_exact_jitter_follows_the_recorded_order() -> None:
+    pixels = _picture()
+    bright_first = {"order": ["brightness", "saturation"], "brightness": 1.8, "saturation": 0.0}
+    gray_first = bright_first | {"order": ["saturation", "brightness"]}
+    one = cpu_kernels.color_jitter(pixels, bright_first)
+    other = cpu_kernels.color_jitter(pixels, gray_first)
+    assert not np.array_equal(one, other)  # clipping between steps makes order matter
+    assert np.array_equal(other, cpu_kernels.color_jitter(pixels, gray_first))
+
+
+def test_a_blur_wider_than_the_image_is_refused_as_kornia_refuses_it() -> None:
+    with pytest.raises(ValueError, match="23-pixel blur"):
+        cpu_kernels.gaussian_blur(_picture(8, 40), {"kernel_size": 23, "sigma": 1.0})
 
 
 def test_opencv_warps_what_it_warps_as_kornia_does() -> None:
@@ -133,29 +190,54 @@ def test_opencv_warps_what_it_warps_as_kornia_does() -> None:
     assert not cpu_kernels.can_warp((1, 1), (16, 16))  # a 1-pixel image: Kornia, as before
 
 
-def _augment(photos) -> list[np.ndarray]:
+def _augment(photos, ops: list[dict], device: str) -> list[np.ndarray]:
     spec = parse_spec(
         {
             "input": {"uri": "in"},
             "output": {"uri": "out", "image_format": "png"},
             "seed": 7,
-            "ops": BENCH_OPS,
+            "ops": ops,
         }
     )
     sources = [SourceSample(p.key, f"mem://{p.key}", p.jpeg) for p in photos]
-    output = Augmenter(spec, "cpu").augment(sources)
+    output = Augmenter(spec, device).augment(sources)
     assert output.quarantined == []
     return [np.asarray(Image.open(io.BytesIO(s.image))).astype(int) for s in output.samples]
 
 
+IMAGENET_OPS = [
+    {"name": "random_resized_crop", "size": 96, "scale": [0.08, 1.0]},
+    {"name": "horizontal_flip", "p": 0.5},
+    {"name": "color_jitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},
+    {"name": "grayscale", "p": 0.2},
+    {"name": "gaussian_blur", "kernel_size": 23, "sigma": [0.1, 2.0], "p": 0.5},
+    {"name": "solarize", "threshold": 0.5, "p": 0.2},
+    {"name": "erasing", "scale": [0.02, 0.25], "p": 0.25},
+]
+POLICY_OPS = [
+    {"name": "random_resized_crop", "size": 96},
+    {"name": "rand_augment", "num_ops": 2, "magnitude": 9},
+    {"name": "auto_augment"},
+]
+
+
+# Through a whole recipe the paths differ by each kernel's rounding (the float path rounds
+# once, at the encoder) plus, in the policies, the rare pixel that rounding moves across a
+# solarize threshold or a posterize/equalize step: (mean, 99th percentile, max) in levels.
+@pytest.mark.parametrize(
+    ("ops", "bounds"),
+    [(BENCH_OPS, (0.3, 1, 2)), (IMAGENET_OPS, (0.4, 2, 4)), (POLICY_OPS, (0.5, 6, 255))],
+    ids=["bench-fused", "imagenet", "policies"],
+)
 def test_the_opencv_path_agrees_with_the_kornia_path(
-    photos, monkeypatch: pytest.MonkeyPatch
+    photos, ops: list[dict], bounds: tuple[float, int, int]
 ) -> None:
-    fast = _augment(photos)
+    fast = _augment(photos, ops, "cpu")
     assert cv2.getNumThreads() == 1  # set by the Augmenter: one thread, like torch's
-    monkeypatch.setattr(cpu_kernels, "can_warp", lambda size, canvas: False)
-    monkeypatch.setattr(cpu_kernels, "pixel_kernel", lambda name, params: None)
-    kornia_path = _augment(photos)
-    differences = [np.abs(a - b) for a, b in zip(fast, kornia_path, strict=True)]
-    assert np.mean([d.mean() for d in differences]) < 0.5  # rounding, then the colour gain
-    assert max(d.max() for d in differences) <= 4
+    kornia_path = _augment(photos, ops, KORNIA_ON_CPU)
+    difference = np.concatenate(
+        [np.abs(a - b).ravel() for a, b in zip(fast, kornia_path, strict=True)]
+    )
+    assert difference.mean() < bounds[0]
+    assert np.percentile(difference, 99) <= bounds[1]
+    assert difference.max() <= bounds[2]
