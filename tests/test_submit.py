@@ -533,3 +533,41 @@ def test_cluster_yaml_is_a_valid_ray_cluster_config() -> None:
     assert "pip install" in commands and "torch" in commands and "rayaug" in commands
     assert any("ray start --head" in c for c in config["head_start_ray_commands"])
     assert any("--address=$RAY_HEAD_IP:6379" in c for c in config["worker_start_ray_commands"])
+
+
+# ---------------------------------------------------------------- what travels with the job
+
+
+def test_shipped_requirements_are_pinned_and_leave_out_ray_and_torch() -> None:
+    from importlib.metadata import version
+
+    lines = submit.shipped_requirements("2.61.0")
+    assert f"kornia=={version('kornia')}" in lines
+    assert f"opencv-python-headless=={version('opencv-python-headless')}" in lines
+    assert "ray[data,default]==2.61.0" in lines  # the cluster's Ray: pip finds it installed
+    assert not [line for line in lines if line.startswith(("torch", "ray=", "pytest", "ruff"))]
+    with_torch = submit.shipped_requirements("2.60.0", ship_torch=True)
+    assert [line for line in with_torch if line.startswith("torch==")] == [
+        f"torch=={version('torch').split('+')[0]}"  # no +cpu: the cluster's index picks
+    ]
+
+
+def test_required_modules_map_distributions_to_imports() -> None:
+    modules = submit.required_modules()
+    assert modules["opencv-python-headless"] == "cv2"
+    assert modules["pyyaml"] == "yaml" and modules["pillow"] == "PIL"
+    assert modules["torch"] == "torch" and modules["pandas"] == "pandas"  # ray[data]'s
+    assert "ray" not in modules
+
+
+def test_preflight_names_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from rayaug import preflight
+
+    listing = tmp_path / preflight.REQUIREMENTS_FILE
+    listing.write_text(json.dumps({"click": "click", "no-such-dist": "no_such_module_x"}))
+    assert preflight.main([str(listing)]) == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(preflight.MISSING_PREFIX + "no-such-dist: ")
+    assert submit.missing_requirements_line(f"log\n{line}\nmore") == line
+    listing.write_text(json.dumps({"click": "click"}))
+    assert preflight.main([str(listing)]) == 0
