@@ -79,9 +79,11 @@ class _LiveProgress:
             refresh_per_second=2,  # the driver shares its CPU with the workers
         )
         self.task = None
+        self.tally = None  # the job's count of committed shards, once it has one
         self.start_time = time.monotonic()
 
     def started(self, tally) -> None:
+        self.tally = tally
         self.bar.start()
         done = tally.samples + tally.quarantined
         self.task = self.bar.add_task(
@@ -105,6 +107,17 @@ def _run(spec: JobSpec, address: str | None, as_json: bool) -> None:
     progress = _LiveProgress()
     try:
         summary = run_job(spec, RunOptions(address=address), progress)
+    except KeyboardInterrupt:
+        # run_job has shut its Ray down and released the lease on the way out; what is
+        # committed stays (click would print a bare "Aborted!").
+        progress.stop()
+        shards = progress.tally.shards if progress.tally is not None else 0
+        _report(
+            "interrupted:",
+            f"{shards} committed shard{'s' * (shards != 1)} kept; "
+            f"`rayaug resume {spec.output.uri}` finishes the job",
+        )
+        sys.exit(130)
     finally:
         progress.stop()
     if as_json:
@@ -453,16 +466,42 @@ def replay(out_uri: str, sample_id: str, target: str | None, endpoint: str | Non
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--address", required=True, help="Ray dashboard address, http://HEAD:8265.")
 @click.option("--wait", is_flag=True, help="Stream the job's logs and exit with its status.")
-def submit(job_file: str, address: str, wait: bool) -> None:
+@click.option(
+    "--ship-deps/--no-ship-deps",
+    default=True,
+    show_default=True,
+    help="Install rayaug's requirements (pinned to this machine's versions, never Ray or torch) "
+    "with the job; --no-ship-deps for a cluster whose image has rayaug.",
+)
+@click.option(
+    "--ship-torch",
+    is_flag=True,
+    help="Ship this machine's torch version too (the cluster's index picks the build).",
+)
+def submit(job_file: str, address: str, wait: bool, ship_deps: bool, ship_torch: bool) -> None:
     """Submit JOB_FILE to a Ray cluster through the Ray Jobs API."""
-    from rayaug.submit import submit_job, wait_for
+    from rayaug.submit import missing_requirements_line, setup_failure, submit_job, wait_for
 
+    if ship_torch and not ship_deps:
+        raise click.UsageError("--ship-torch ships with the requirements: drop --no-ship-deps")
     spec = load_spec(job_file)
-    job_id = submit_job(spec, Path(job_file), address)
+    job_id = submit_job(spec, Path(job_file), address, ship_deps=ship_deps, ship_torch=ship_torch)
     out_console.print(f"submitted {job_id} to {address}")
     if wait:
-        final = wait_for(address, job_id, lambda line: click.echo(line, nl=False))
+        log: list[str] = []
+
+        def show(text: str) -> None:
+            log.append(text)
+            click.echo(text, nl=False)
+
+        final = wait_for(address, job_id, show)
         out_console.print(f"job {job_id}: {final}")
+        if final == "FAILED":
+            # The job could not start: say why as the last line, a usage error (exit 2).
+            reason = missing_requirements_line("".join(log)) or setup_failure(address, job_id)
+            if reason:
+                _report("error:", reason)
+                sys.exit(2)
         sys.exit(0 if final == "SUCCEEDED" else 1)
     out_console.print(
         f"follow it with: RAY_AUTH_MODE=token ray job logs --address {address} -f {job_id}"

@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
+import rayaug
 from rayaug import commit
 from rayaug.errors import UsageError
 from rayaug.sources import Listing, WorkUnit, list_input
@@ -15,9 +16,12 @@ from rayaug.storage import Location
 
 
 def versions() -> dict[str, str]:
-    """Versions that change output bytes; a resume across them would mix two outputs."""
-    found = {name: version(name) for name in ("rayaug", "kornia", "torch", "pillow")}
-    return found | {"opencv": _opencv_version()}
+    """Versions that change output bytes; a resume across them would mix two outputs.
+
+    rayaug's own is the running package's: a submitted job's rayaug travels as `py_modules`,
+    with no installed distribution (no metadata) on the cluster."""
+    found = {name: version(name) for name in ("kornia", "torch", "pillow")}
+    return {"rayaug": rayaug.__version__} | found | {"opencv": _opencv_version()}
 
 
 def _opencv_version() -> str:

@@ -1,9 +1,17 @@
 """Submit a job spec to a Ray cluster through the Ray Jobs API, and follow it to its end.
 
-The job runs `python -m rayaug.cli run <spec>` on the cluster. Its runtime_env carries:
+The job runs `python -m rayaug.preflight` (is every requirement importable? else one line and
+exit 2), then `python -m rayaug.cli run <spec>` on the cluster. Its runtime_env carries:
 
-- `working_dir`: a temporary folder holding only the resolved spec (local paths made absolute);
+- `working_dir`: a temporary folder holding the resolved spec (local paths made absolute) and
+  the modules the preflight looks for (`preflight.REQUIREMENTS_FILE`);
 - `py_modules`: this installed `rayaug` package, so the cluster runs the code the user has;
+- `pip` (unless `ship_deps=False`): rayaug's runtime requirements pinned to the versions
+  installed here, so a cluster whose Python has only Ray can run the job. Never Ray itself
+  (only its extras rayaug needs, at the cluster's own Ray version) and torch only on request
+  (its build must match the cluster's CUDA). Ray builds this environment once per node, on top
+  of the node's Python (a clone of its virtualenv, or `--system-site-packages`), and reuses it
+  for later jobs with the same list;
 - `env_vars`: the non-secret storage settings of `rayaug.job.FORWARDED_ENV` that are set here.
 
 Credentials never travel: not in the runtime_env, the entrypoint, the metadata or any line
@@ -24,7 +32,10 @@ it. The token is only ever placed in an HTTP header, never in an error or log li
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.metadata
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -38,6 +49,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from rayaug import preflight
 from rayaug.errors import RayaugError, UsageError
 from rayaug.spec import JobSpec, dump_spec
 
@@ -57,30 +73,50 @@ _RAY_LOGGERS = (
 )
 
 
-def submit_job(spec: JobSpec, spec_file: Path, address: str) -> str:
+def submit_job(
+    spec: JobSpec,
+    spec_file: Path,
+    address: str,
+    *,
+    ship_deps: bool = True,
+    ship_torch: bool = False,
+) -> str:
     """Submit `spec` to the Ray cluster whose dashboard is at `address`; returns the job id.
 
-    Raises UsageError (one line) when the address is malformed or unreachable, the cluster
-    refuses the token, or the cluster refuses the submission.
+    `ship_deps` puts rayaug's pinned requirements in the job's runtime_env (`pip`), `ship_torch`
+    adds this machine's torch version to them. Raises UsageError (one line) when the address is
+    malformed or unreachable, the cluster's Ray is older than rayaug's, the cluster refuses the
+    token, or the cluster refuses the submission.
     """
     url = _dashboard_url(address)
     resolved = _absolute_local_uris(spec)
     client = _client(url)
+    cluster_ray = _cluster_ray_version(client, url)
     spec_name = _spec_file_name(spec_file)
     with tempfile.TemporaryDirectory(prefix="rayaug-submit-") as working_dir:
         (Path(working_dir) / spec_name).write_text(dump_spec(resolved))
+        (Path(working_dir) / preflight.REQUIREMENTS_FILE).write_text(
+            json.dumps(required_modules(), indent=1, sort_keys=True)
+        )
         runtime_env: dict = {
             "working_dir": working_dir,
             "py_modules": [str(_package_dir())],
             "excludes": ["__pycache__"],
         }
+        if ship_deps:
+            runtime_env["pip"] = {
+                "packages": shipped_requirements(cluster_ray, ship_torch=ship_torch),
+                # Ray's default adds --no-cache-dir: with the cache, a node whose Ray restarts
+                # (a new session, so a new environment) rebuilds it from wheels it already has.
+                "pip_install_options": ["--disable-pip-version-check"],
+            }
         env_vars = forwarded_env()
         if env_vars:
             runtime_env["env_vars"] = env_vars
         try:
             with _quiet_ray():
                 return client.submit_job(
-                    entrypoint=f"python -m rayaug.cli run {shlex.quote(spec_name)}",
+                    entrypoint=entrypoint(spec_name),
                     submission_id=_submission_id(resolved.name),
                     runtime_env=runtime_env,
                     metadata={"rayaug_job": resolved.name, "spec_file": spec_file.name},
@@ -109,6 +145,130 @@ def wait_for(address: str, job_id: str, emit: Callable[[str], None]) -> str:
         return _poll(client, job_id, shown)
     except KeyboardInterrupt:
         raise _detached(url, job_id) from None
+
+
+def entrypoint(spec_name: str) -> str:
+    """The job's command: the requirements check first, so a missing one is one clear line."""
+    return (
+        f"python -m rayaug.preflight {preflight.REQUIREMENTS_FILE} && "
+        f"python -m rayaug.cli run {shlex.quote(spec_name)}"
+    )
+
+
+def missing_requirements_line(log: str) -> str | None:
+    """The preflight's line in a job's log, if the job stopped for lack of requirements."""
+    for line in log.splitlines():
+        if line.startswith(preflight.MISSING_PREFIX):
+            return line.strip()
+    return None
+
+
+def shipped_requirements(cluster_ray: str, *, ship_torch: bool = False) -> list[str]:
+    """pip requirement lines for the job's runtime_env: rayaug's runtime requirements, each
+    pinned to the version installed here (the job computes what a local run computes).
+
+    Ray itself is never installed: its extras rayaug needs (`ray[data]`) are asked for at the
+    cluster's own version, which pip finds installed, so it adds only the extras' packages.
+    torch only with `ship_torch`, without a local build label (`2.13.0+cpu` → `2.13.0`): the
+    cluster's index decides the build.
+    """
+    lines = []
+    for requirement in _runtime_requirements():
+        name = canonicalize_name(requirement.name)
+        if name == "ray":
+            if requirement.extras:
+                lines.append(f"ray[{','.join(sorted(requirement.extras))}]=={cluster_ray}")
+        elif name == "torch":
+            if ship_torch:
+                lines.append(f"torch=={Version(importlib.metadata.version('torch')).public}")
+        else:
+            lines.append(f"{requirement.name}=={importlib.metadata.version(requirement.name)}")
+    return lines
+
+
+def required_modules() -> dict[str, str]:
+    """Distribution → the top-level module the preflight looks for, for every runtime
+    requirement of rayaug (torch included) and of the Ray extras it asks for, except Ray.
+    A distribution that provides no module here (a tool such as py-spy) is not looked for."""
+    wanted: list[Requirement] = []
+    for requirement in _runtime_requirements():
+        if canonicalize_name(requirement.name) == "ray":
+            for extra in sorted(requirement.extras):
+                wanted += _requirements_of("ray", extra)
+        else:
+            wanted.append(requirement)
+    modules = {canonicalize_name(r.name): _module_of(r.name) for r in wanted}
+    return {dist: module for dist, module in modules.items() if module is not None}
+
+
+def _runtime_requirements() -> list[Requirement]:
+    """rayaug's declared requirements that apply here, without its optional extras."""
+    return _requirements_of("rayaug", "")
+
+
+def _requirements_of(distribution: str, extra: str) -> list[Requirement]:
+    """The requirements `distribution` declares for `extra` ("" = its own), markers applied."""
+    found = []
+    for line in importlib.metadata.requires(distribution) or []:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        of_an_extra = marker is not None and "extra" in str(marker)
+        if of_an_extra == bool(extra) and (marker is None or marker.evaluate({"extra": extra})):
+            found.append(requirement)
+    return found
+
+
+def _module_of(distribution: str) -> str | None:
+    """The importable top-level module a distribution provides (`opencv-python-headless` →
+    `cv2`, `pyyaml` → `yaml`, `pillow` → `PIL`), read from what is installed here."""
+    provided = sorted(_modules_by_distribution().get(canonicalize_name(distribution), ()))
+    plain = distribution.replace("-", "_").lower()
+    return plain if plain in provided else (provided[0] if provided else None)
+
+
+@functools.cache
+def _modules_by_distribution() -> dict[str, set[str]]:
+    """Installed distribution (canonical name) → its public top-level modules."""
+    modules: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        if not module.startswith("_"):
+            for dist in dists:
+                modules.setdefault(canonicalize_name(dist), set()).add(module)
+    return modules
+
+
+def _cluster_ray_version(client, url: str) -> str:
+    """The cluster's Ray version (the client read it from /api/version when it connected);
+    refused in one line when older than the Ray rayaug needs."""
+    import ray
+
+    version = getattr(client, "_server_ray_version", None) or ray.__version__
+    needed = next(
+        (r for r in _runtime_requirements() if canonicalize_name(r.name) == "ray"), None
+    )
+    floor = min((Version(s.version) for s in needed.specifier), default=None) if needed else None
+    if floor is not None and Version(version) < floor:
+        raise UsageError(
+            f"the Ray cluster at {url} runs Ray {version}; rayaug needs Ray >= {floor}"
+        )
+    return version
+
+
+def setup_failure(address: str, job_id: str) -> str | None:
+    """One line when the cluster could not build the job's environment (the pip install of the
+    shipped requirements failed, so the job never started); None for any other end."""
+    url = _dashboard_url(address)
+    try:
+        info = _client(url).get_job_info(job_id)
+    except Exception:  # the job's own end is already known; this only adds a reason
+        return None
+    if _status_name(info.error_type) != "RUNTIME_ENV_SETUP_FAILURE":
+        return None
+    return (
+        f"the cluster could not install rayaug's requirements for {job_id} "
+        f"({_one_line(RuntimeError(info.message or ''), 400)}); fix the node's package index, "
+        "or install rayaug into the cluster's image and submit with --no-ship-deps"
+    )
 
 
 def forwarded_env() -> dict[str, str]:

@@ -168,3 +168,58 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     # The user reads rayaug's own lines, not Ray's start-up log and deprecation warnings.
     for chatter in ("Started a local Ray instance", "Token authentication", "Warning"):
         assert chatter not in done.stderr
+
+
+def _session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-e", "-o", "sid=,stat=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in out.stdout.splitlines()]
+    return [row[2] for row in rows if int(row[0]) == sid and not row[1].startswith("Z")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal (SIGINT to the whole process group) once a shard is committed:
+    one line, exit 130, the embedded Ray gone, and `rayaug resume` finishes the job."""
+    import signal
+    import time
+
+    from rayaug import sampledata
+
+    sampledata.write_folder(list(sampledata.make_photos(48, seed=3, short_side=(64, 96))),
+                            tmp_path / "input")
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", out)
+    spec.write_text(spec.read_text().replace("shard_size: 8", "shard_size: 2"))
+    rayaug_bin = Path(sys.executable).parent / "rayaug"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.Popen([str(rayaug_bin), "run", str(spec)], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)  # its own group: a terminal's Ctrl-C
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "manifests").glob("*.parquet")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, stdout + stderr
+    assert "Aborted!" not in stderr and "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    committed = len(list((out / "manifests").glob("*.parquet")))
+    assert 1 <= committed < 24, last
+    assert last.startswith("interrupted: ") and f"rayaug resume {out}" in last, stderr
+    assert int(last.split()[1]) <= committed  # a writer may commit as the driver stops
+    deadline = time.monotonic() + 30  # the embedded Ray shut down with the driver
+    while _session_processes(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _session_processes(run.pid)
+
+    resumed = subprocess.run([str(rayaug_bin), "resume", str(out), "--json"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["samples"] == 96 and summary["samples_this_run"] < 96
+    assert (out / "_SUCCESS").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import re
@@ -37,7 +38,6 @@ from rayaug.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: .venv/bin when run as .venv/bin/python
-RAY = BIN / "ray"
 RAYAUG = BIN / "rayaug"
 
 SPEC = """\
@@ -145,9 +145,10 @@ def _wait_for_dashboard(url: str, process: subprocess.Popen, log: Path, timeout:
     raise RuntimeError(f"the dashboard at {url} did not answer in {timeout}s")
 
 
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[Head]:
-    """A Ray head on loopback with the dashboard (Jobs API), in its own session and temp dir."""
+@contextlib.contextmanager
+def _head(bin_dir: Path, *, hide: tuple[str, ...] = ()) -> Iterator[Head]:
+    """A Ray head on loopback with the dashboard (Jobs API), in its own session and temp dir,
+    started from the Python of `bin_dir` (jobs run the `python` first on the head's PATH)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: unix sockets < 107
     ports = {
         name: _free_port()
@@ -164,7 +165,7 @@ def ray_head() -> Iterator[Head]:
         )
     }
     command = [
-        str(RAY), "start", "--head", "--block",
+        str(bin_dir / "ray"), "start", "--head", "--block",
         "--node-ip-address", "127.0.0.1",
         "--dashboard-host", "127.0.0.1",
         "--include-dashboard", "true",
@@ -175,9 +176,9 @@ def ray_head() -> Iterator[Head]:
     ]  # fmt: skip
     for name, port in ports.items():
         command += [f"--{name}", str(port)]
-    env = _environ_without_ray_address()
+    env = {k: v for k, v in _environ_without_ray_address().items() if k not in hide}
     env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # jobs run the `python` on the head's PATH
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         RAY_USAGE_STATS_ENABLED="0",
         RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",  # SIGTERM: stop now, not after a 30 s drain
@@ -198,33 +199,99 @@ def ray_head() -> Iterator[Head]:
         assert not left, f"processes of the test head still running: {left}"
 
 
-@pytest.mark.slow
-def test_submit_and_wait_on_a_real_head(ray_head: Head, tmp_path: Path) -> None:
-    sampledata.write_folder(sampledata.make_photos(8, short_side=(64, 96)), tmp_path / "in")
-    (tmp_path / "job.yaml").write_text(SPEC)
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[Head]:
+    """A head whose Python is rayaug's own venv: a cluster image with rayaug installed."""
+    with _head(BIN) as head:
+        yield head
 
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(RAYAUG), "submit", "job.yaml", "--address", ray_head.url, "--wait"],
+
+# A cluster image with Ray (and torch) but none of rayaug's other requirements. Built once per
+# version set under /tmp (about 40 s from a warm pip cache), reused while its stamp exists.
+PLAIN_REQUIREMENTS = ("ray[default]==2.60.0", "torch==2.13.0")
+# Variables that would let the plain head see rayaug's venv or this checkout.
+NOT_FOR_THE_PLAIN_HEAD = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+
+
+def _plain_ray_venv() -> Path:
+    key = hashlib.sha256(f"{sys.version_info[:2]} {PLAIN_REQUIREMENTS}".encode()).hexdigest()[:12]
+    venv = Path(tempfile.gettempdir()) / f"rayaug-plain-ray-{key}"
+    stamp = venv / ".complete"  # written last: a venv without it is a broken build
+    if stamp.is_file():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    # Built at its final path: a venv's scripts (bin/ray) name their python by absolute path.
+    env = {k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_PLAIN_HEAD}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
+    # torch pinned in the same command: the CPU build from this machine's wheels, never the
+    # CUDA build and its GBs of nvidia wheels (ENVIRONMENT.md). torch is there because the
+    # usual cluster image has it, and rayaug never ships it by default.
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+         "--disable-pip-version-check", *PLAIN_REQUIREMENTS],
+        check=True, env=env, capture_output=True, timeout=600,
+    )  # fmt: skip
+    stamp.touch()
+    return venv
+
+
+@pytest.fixture(scope="module")
+def plain_ray_head() -> Iterator[Head]:
+    """A head whose Python has Ray and torch only: the usual cluster image."""
+    venv = _plain_ray_venv()
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import ray, torch, rich"],
+        env={k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_PLAIN_HEAD},
+        capture_output=True,
+    )
+    assert probe.returncode != 0, "the plain venv must not have rayaug's requirements (rich)"
+    with _head(venv / "bin", hide=NOT_FOR_THE_PLAIN_HEAD) as head:
+        yield head
+
+
+def _job(tmp_path: Path, spec: str = SPEC) -> None:
+    sampledata.write_folder(sampledata.make_photos(8, short_side=(64, 96)), tmp_path / "in")
+    (tmp_path / "job.yaml").write_text(spec)
+
+
+def _submit(tmp_path: Path, url: str, *options: str, timeout: float = 300, **env: str):
+    return subprocess.run(
+        [str(RAYAUG), "submit", "job.yaml", "--address", url, "--wait", *options],
         cwd=tmp_path,  # relative input/output: resolved here, not in the job's working_dir
-        env=_cli_env(RAY_ADDRESS="127.0.0.1:1", **FAKE_SECRETS),  # --address must win
+        env=_cli_env(**env),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+def _read_back(out: Path, printed: str) -> list[str]:
+    """The committed output's sample ids, from its manifests; `inspect --verify` must pass."""
+    assert (out / "_SUCCESS").is_file(), printed
+    manifests = sorted((out / "manifests").glob("*.parquet"))
+    verify = subprocess.run(
+        [str(RAYAUG), "inspect", str(out), "--verify"],
+        env=_cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verify.returncode == 0 and "verify: OK" in verify.stdout, verify.stdout + verify.stderr
+    return [s for path in manifests for s in pq.read_table(path).column("sample_id").to_pylist()]
+
+
+@pytest.mark.slow
+def test_submit_and_wait_on_a_real_head(ray_head: Head, tmp_path: Path) -> None:
+    """A cluster whose image has rayaug: only the package and the spec travel."""
+    _job(tmp_path)
+    started = time.monotonic()
+    result = _submit(
+        tmp_path, ray_head.url, "--no-ship-deps",
+        RAY_ADDRESS="127.0.0.1:1", **FAKE_SECRETS,  # --address must win
+    )  # fmt: skip
     printed = result.stdout + result.stderr
     assert result.returncode == 0, printed
     assert time.monotonic() - started < 240, printed
 
-    out = tmp_path / "out"
-    assert (out / "_SUCCESS").is_file(), printed
-    manifests = sorted((out / "manifests").glob("*.parquet"))
-    rows = sum(pq.read_table(path).num_rows for path in manifests)
-    assert rows == 16, printed
-    sample_ids = {
-        s for path in manifests for s in pq.read_table(path).column("sample_id").to_pylist()
-    }
-    assert len(sample_ids) == 16
+    sample_ids = _read_back(tmp_path / "out", printed)
+    assert len(sample_ids) == len(set(sample_ids)) == 16, printed
     assert "SUCCEEDED" in result.stdout
     assert "done: 16 samples" in printed  # the job's own log, streamed back
     for secret in _secrets_to_hide():
@@ -238,9 +305,63 @@ def test_submit_and_wait_on_a_real_head(ray_head: Head, tmp_path: Path) -> None:
     env_vars = info.runtime_env["env_vars"]
     assert env_vars["AWS_EC2_METADATA_DISABLED"] == "true"
     assert set(env_vars) <= set(FORWARDED_ENV)
-    assert info.entrypoint == "python -m rayaug.cli run job.yaml"
+    assert "pip" not in info.runtime_env
+    assert info.entrypoint == submit.entrypoint("job.yaml")
     for secret in _secrets_to_hide():
         assert secret not in recorded
+
+
+@pytest.mark.slow
+def test_a_plain_ray_head_without_shipped_requirements_says_what_is_missing(
+    plain_ray_head: Head, tmp_path: Path
+) -> None:
+    _job(tmp_path)
+    result = _submit(tmp_path, plain_ray_head.url, "--no-ship-deps")
+    printed = result.stdout + result.stderr
+    assert result.returncode == 2, printed
+    assert "Traceback" not in printed
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rayaug: this Ray cluster's Python lacks "), printed
+    missing = last.split(":")[2]
+    # Ray brings click, pydantic and pyyaml itself; the rest is rayaug's alone.
+    for dist in ("rich", "kornia", "opencv-python-headless", "pillow", "pyarrow", "pandas"):
+        assert dist in missing, last
+    assert "torch" not in missing  # the plain image has torch
+    assert "--no-ship-deps" in last and "cluster's image" in last
+    assert not (tmp_path / "out").exists()
+
+
+WEBDATASET_SPEC = SPEC.replace("output: {uri: out, ", "output: {uri: out, format: webdataset, ")
+
+
+@pytest.mark.slow
+def test_a_plain_ray_head_runs_the_job_with_shipped_requirements(
+    plain_ray_head: Head, tmp_path: Path
+) -> None:
+    """By default rayaug's pinned requirements travel with the job: a Ray-only image runs it."""
+    _job(tmp_path, WEBDATASET_SPEC)
+    started = time.monotonic()
+    result = _submit(tmp_path, plain_ray_head.url, timeout=480)
+    printed = result.stdout + result.stderr
+    assert result.returncode == 0, printed
+    # The first job on a node builds its environment (pip, from the warm cache here).
+    print(f"first job on a plain Ray head, environment included: {time.monotonic() - started:.0f}s")
+
+    out = tmp_path / "out"
+    sample_ids = _read_back(out, printed)
+    assert len(sample_ids) == len(set(sample_ids)) == 16, printed
+    import webdataset
+
+    tars = sorted(str(p) for p in (out / "data").glob("*.tar"))
+    samples = list(webdataset.WebDataset(tars, shardshuffle=False, empty_check=False))
+    assert len(samples) == 16
+    assert all(sample["jpg"][:2] == b"\xff\xd8" for sample in samples)  # JPEG bytes
+
+    job_id = re.search(r"submitted (\S+) to ", result.stdout).group(1)
+    pip = submit._client(plain_ray_head.url).get_job_info(job_id).runtime_env["pip"]
+    names = [re.split(r"[\[=]", line)[0] for line in pip["packages"]]
+    assert "torch" not in names and "rich" in names and "kornia" in names
+    assert "ray[data,default]==2.60.0" in pip["packages"]  # the cluster's own Ray: never installed
 
 
 def test_submit_to_nothing_exits_2_in_one_line(tmp_path: Path) -> None:
@@ -320,7 +441,7 @@ def test_submission_has_absolute_paths_and_no_credentials(
 
     assert job_id == "raysubmit_test"
     runtime_env = client.kwargs["runtime_env"]
-    assert client.kwargs["entrypoint"] == "python -m rayaug.cli run job.yaml"
+    assert client.kwargs["entrypoint"] == submit.entrypoint("job.yaml")
     assert runtime_env["py_modules"] == [str(Path(submit.__file__).resolve().parent)]
     assert runtime_env["env_vars"] == {
         "AWS_REGION": "eu-west-1",
@@ -412,3 +533,41 @@ def test_cluster_yaml_is_a_valid_ray_cluster_config() -> None:
     assert "pip install" in commands and "torch" in commands and "rayaug" in commands
     assert any("ray start --head" in c for c in config["head_start_ray_commands"])
     assert any("--address=$RAY_HEAD_IP:6379" in c for c in config["worker_start_ray_commands"])
+
+
+# ---------------------------------------------------------------- what travels with the job
+
+
+def test_shipped_requirements_are_pinned_and_leave_out_ray_and_torch() -> None:
+    from importlib.metadata import version
+
+    lines = submit.shipped_requirements("2.61.0")
+    assert f"kornia=={version('kornia')}" in lines
+    assert f"opencv-python-headless=={version('opencv-python-headless')}" in lines
+    assert "ray[data,default]==2.61.0" in lines  # the cluster's Ray: pip finds it installed
+    assert not [line for line in lines if line.startswith(("torch", "ray=", "pytest", "ruff"))]
+    with_torch = submit.shipped_requirements("2.60.0", ship_torch=True)
+    assert [line for line in with_torch if line.startswith("torch==")] == [
+        f"torch=={version('torch').split('+')[0]}"  # no +cpu: the cluster's index picks
+    ]
+
+
+def test_required_modules_map_distributions_to_imports() -> None:
+    modules = submit.required_modules()
+    assert modules["opencv-python-headless"] == "cv2"
+    assert modules["pyyaml"] == "yaml" and modules["pillow"] == "PIL"
+    assert modules["torch"] == "torch" and modules["pandas"] == "pandas"  # ray[data]'s
+    assert "ray" not in modules
+
+
+def test_preflight_names_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from rayaug import preflight
+
+    listing = tmp_path / preflight.REQUIREMENTS_FILE
+    listing.write_text(json.dumps({"click": "click", "no-such-dist": "no_such_module_x"}))
+    assert preflight.main([str(listing)]) == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(preflight.MISSING_PREFIX + "no-such-dist: ")
+    assert submit.missing_requirements_line(f"log\n{line}\nmore") == line
+    listing.write_text(json.dumps({"click": "click"}))
+    assert preflight.main([str(listing)]) == 0
