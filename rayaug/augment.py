@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rayaug import codec, cpu_kernels, mixes, targets
-from rayaug.errors import StorageError
 from rayaug.ops import (
     Applied,
     Canvas,
@@ -27,11 +26,13 @@ from rayaug.ops import (
     MixOp,
     Op,
     Tile,
+    advance,
     composed_warp,
     decode_reduction,
     draw_ops,
     reduction_for,
 )
+from rayaug.partners import NoPartner, Partners
 from rayaug.records import (
     SHARED_VIEW,
     AugmentedSample,
@@ -41,7 +42,6 @@ from rayaug.records import (
     Targets,
     sample_seed,
 )
-from rayaug.sources import SourceIndex
 from rayaug.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -54,9 +54,6 @@ if TYPE_CHECKING:
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
 # identical between the job and a replay (actors scale out by count, not by threads).
 TORCH_THREADS = 1
-# A mix partner that cannot be read or decoded gives way to the next source (it is
-# quarantined as a sample of its own); after this many, the sample is quarantined.
-PARTNER_TRIES = 8
 # The device path (Kornia on float tensors) on the CPU, instead of the uint8 OpenCV kernels:
 # how a machine without a GPU tests, end to end, the code a GPU runs.
 KORNIA_ON_CPU = "cpu-kornia"
@@ -93,6 +90,8 @@ class _Item:
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: np.eye(3))
     targets: Targets | None = None  # as read, in source pixels
+    # Each mix step's partners (by index in `applied`), fetched before the pixels run
+    partners: dict[int, list[tuple[SourceSample, mixes.Layer]]] = field(default_factory=dict)
     # Where the targets stand: a mix moves them early, onto the canvas it mixes on; the ops
     # from `targets_from` on are still to be applied to them.
     targets_canvas: Canvas = field(init=False)
@@ -123,13 +122,13 @@ class Augmenter:
     """Turns source samples into augmented views, on one device, with the spec's ops."""
 
     def __init__(
-        self, spec: JobSpec, device: str = "cpu", partners: SourceIndex | None = None
+        self, spec: JobSpec, device: str = "cpu", partners: Partners | None = None
     ) -> None:
         """`device`: "cpu" (uint8 OpenCV kernels), a torch device such as "cuda:0" (Kornia),
         or KORNIA_ON_CPU."""
         cpu_kernels.use_one_thread()
         if spec.mixes and partners is None:
-            raise ValueError("a job with mix ops needs the index of its sources (partners)")
+            raise ValueError("a job with mix ops needs its sources' partners provider")
         self.spec = spec
         self.pipeline: list[Op] = spec.pipeline()
         self.uint8_path = device == "cpu"
@@ -156,6 +155,7 @@ class Augmenter:
         """The encoded bytes of one sample from its recorded plan (seed only for the record)."""
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         item = self._load(source, view, seed, applied, opened)
+        self._fetch_partners(item)
         self._run_items([item])
         return self._encode(item).image
 
@@ -165,7 +165,7 @@ class Augmenter:
         items = []
         for source, view in chunk:
             item = self._start(source, view, output)
-            if item is not None:
+            if item is not None and self._with_partners(item, output):
                 items.append(item)
         try:
             self._run_items(items)
@@ -259,11 +259,36 @@ class Augmenter:
 
     # ------------------------------------------------------------ mixes
 
+    def _with_partners(self, item: _Item, output: ShardOutput) -> bool:
+        """Fetch the item's partners, or quarantine it when a pick finds none usable. Outside
+        the per-sample isolation: a storage failure fails the shard (see `partners`)."""
+        try:
+            self._fetch_partners(item)
+        except NoPartner as error:
+            output.quarantined.append(
+                Quarantined(item.source_key, item.view, "augment", "NoPartner", str(error)[:500])
+            )
+            return False
+        return True
+
+    def _fetch_partners(self, item: _Item) -> None:
+        canvas = item.source_size
+        for at, step in enumerate(item.applied):
+            if step.op.kind == "mix":
+                tiles = {tile.image: tile for tile in step.op.tiles(step.params, canvas)}
+                item.partners[at] = self.partners.of_step(
+                    step.params,
+                    step.op.partner_count,
+                    item.source_key,
+                    lambda source, number, t=tiles: self._partner_layer(source, t.get(number)),
+                )
+            canvas = advance(step.name, step.params, canvas)
+
     def _mix(self, item: _Item, at: int) -> None:
         """Mix the sample with its partners; the step gets their keys, for the record."""
         step = item.applied[at]
         tiles = {tile.image: tile for tile in step.op.tiles(step.params, item.canvas)}
-        partners = self._partners(item, step, tiles)
+        partners = item.partners[at]
         records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
         item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
         sample = mixes.Layer(item.image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
@@ -271,43 +296,6 @@ class Augmenter:
         mixed = mixes.mix(step.op, step.params, item.canvas, layers)
         item.image, item.targets, item.labels = mixed.image, mixed.targets, mixed.labels
         item.targets_canvas, item.targets_from = item.canvas, at + 1
-
-    def _partners(
-        self, item: _Item, step: Applied, tiles: dict[int, Tile]
-    ) -> list[tuple[SourceSample, mixes.Layer]]:
-        """The recorded partners (a replay), or those the step's picks choose (a job)."""
-        recorded = step.params.get("partners")
-        partners = []
-        for number in range(1, step.op.partner_count + 1):
-            tile = tiles.get(number)
-            if recorded is not None:
-                found = self.partners.find(recorded[number - 1]["uri"], recorded[number - 1]["key"])
-                partners.append((found, self._partner_layer(found, tile)))
-            else:
-                partners.append(self._pick(step.params["picks"][number - 1], item.source_key, tile))
-        return partners
-
-    def _pick(
-        self, pick: float, exclude: str, tile: Tile | None
-    ) -> tuple[SourceSample, mixes.Layer]:
-        total = len(self.partners)
-        first, failures = int(pick * total), []
-        for index in range(first, first + PARTNER_TRIES):
-            candidate = self.partners.read(index % total)
-            if candidate.key == exclude and total > 1:
-                continue
-            try:
-                if candidate.error is not None:
-                    raise ValueError(candidate.error)
-                return candidate, self._partner_layer(candidate, tile)
-            except StorageError:
-                raise
-            except Exception as error:  # noqa: BLE001 - a bad partner is the next one's turn
-                failures.append(f"{candidate.key}: {error}")
-        raise ValueError(
-            f"no usable mix partner among sources {first}..{first + PARTNER_TRIES - 1}: "
-            + "; ".join(failures[:3])
-        )
 
     def _partner_layer(self, source: SourceSample, tile: Tile | None) -> mixes.Layer:
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
@@ -437,8 +425,6 @@ def _attempt(output: ShardOutput, key: str, view: int, stage: str, work: Callabl
     try:
         result = work()
         return True if result is None else result
-    except StorageError:  # storage, not the image (a mix partner's read): the shard fails whole,
-        raise  # uncommitted, and a retry or `rayaug resume` redoes it
     except Exception as error:  # noqa: BLE001 - any per-image failure is data, not a crash
         message = str(error) or repr(error)
         output.quarantined.append(

@@ -26,6 +26,7 @@ import numpy as np
 from rayaug import commit, inspect
 from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
+from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, versions
 from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
 from rayaug.sources import SourceIndex, WorkUnit, read_unit
@@ -369,7 +370,7 @@ class _ShardStage:
         partners = None
         if sources is not None:  # mix ops read their partners from the input themselves
             fmt_of_units, units = pickle.loads(sources)
-            partners = SourceIndex(self.source, spec.input, fmt_of_units, units)
+            partners = Partners(SourceIndex(self.source, spec.input, fmt_of_units, units))
         self.augmenter = Augmenter(spec, pick_device(num_gpus), partners)
         self.device_lock = threading.Lock()
 

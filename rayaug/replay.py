@@ -10,6 +10,7 @@ from rayaug import sources
 from rayaug.augment import Augmenter, pick_device
 from rayaug.inspect import Output, find_row
 from rayaug.ops import from_records
+from rayaug.partners import Partners
 from rayaug.spec import StorageSpec
 from rayaug.storage import open_location
 
@@ -33,8 +34,10 @@ def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
     )
     partners = None
     if output.spec.mixes:
-        partners = sources.SourceIndex(
-            source_location, output.spec.input, output.plan.format, output.plan.units
+        partners = Partners(
+            sources.SourceIndex(
+                source_location, output.spec.input, output.plan.format, output.plan.units
+            )
         )
     device = pick_device(1 if row["device"] == "cuda" else 0)
     augmenter = Augmenter(output.spec, device, partners)

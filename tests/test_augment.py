@@ -439,6 +439,7 @@ import sys
 from PIL import Image
 from rayaug import sampledata
 from rayaug.augment import Augmenter
+from rayaug.partners import Partners
 from rayaug.records import SourceSample, Targets
 from rayaug.sources import SourceIndex
 from rayaug.spec import parse_spec
@@ -456,7 +457,7 @@ if {one_pixel}:
     sources[0] = SourceSample("thin", "mem://thin", thin.getvalue(), "thin")
 
 
-class Partners(SourceIndex):
+class AllSources(SourceIndex):
     def __init__(self):
         pass
 
@@ -467,7 +468,7 @@ class Partners(SourceIndex):
         return sources[index]
 
 
-output = Augmenter(spec, "cpu", Partners()).augment(sources)
+output = Augmenter(spec, "cpu", Partners(AllSources())).augment(sources)
 assert len(output.samples) == 4, output.quarantined
 print("torch" in sys.modules)
 """

@@ -16,6 +16,7 @@ from rayaug import targets as label_targets
 from rayaug.augment import Augmenter
 from rayaug.errors import SpecError, StorageError
 from rayaug.ops import CutMix, MixUp, Mosaic, Tile, draw_ops, from_records
+from rayaug.partners import Partners
 from rayaug.records import ShardOutput, SourceSample, Targets
 from rayaug.sources import SourceIndex, list_input, read_unit
 from rayaug.spec import JobSpec, parse_spec
@@ -61,7 +62,7 @@ class Input:
         spec = self.spec.model_copy(
             update={"execution": self.spec.execution.model_copy(update=execution)}
         )
-        return Augmenter(spec, "cpu", self.index).augment(sources)
+        return Augmenter(spec, "cpu", Partners(self.index)).augment(sources)
 
 
 def _hashes(output: ShardOutput) -> dict[str, str]:
@@ -111,7 +112,7 @@ def test_same_bytes_whatever_the_batch_size_and_order(mixed, batch_size: int) ->
 def test_every_mixed_sample_replays_to_identical_bytes(mixed) -> None:
     source, reference = mixed
     by_key = {s.key: s for s in source.unit(0)}
-    augmenter = Augmenter(source.spec, "cpu", source.index)
+    augmenter = Augmenter(source.spec, "cpu", Partners(source.index))
     for sample in reference.samples:
         records = json.loads(json.dumps(sample.ops))  # as read back from a manifest
         replayed = augmenter.replay(
@@ -198,7 +199,7 @@ class Solid:
 
     def run(self) -> ShardOutput:
         sources = [self.index.read(i) for i in range(len(self.index))]
-        return Augmenter(self.spec, "cpu", self.index).augment(sources)
+        return Augmenter(self.spec, "cpu", Partners(self.index)).augment(sources)
 
 
 class _WithTargets:
