@@ -18,7 +18,7 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from rayaug.ops import LUMA, Params, fused_colour_map, noise_field
+from rayaug.ops import LUMA, Params, fused_colour_map, kernels_in, noise_field
 
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767
@@ -225,20 +225,7 @@ def erasing(pixels: np.ndarray, params: Params) -> np.ndarray:
     return out
 
 
-KERNELS: dict[str, PixelKernel] = {
-    "color_jitter": color_jitter,
-    "grayscale": grayscale,
-    "gaussian_blur": gaussian_blur,
-    "gaussian_noise": gaussian_noise,
-    "salt_and_pepper": salt_and_pepper,
-    "erasing": erasing,
-    "sharpness": sharpness,
-    "posterize": posterize,
-    "solarize": solarize,
-    "equalize": equalize,
-    "autocontrast": autocontrast,
-    "invert": invert,
-}
+KERNELS: dict[str, PixelKernel] = kernels_in(globals())
 
 # ---------------------------------------------------------------- mixes
 

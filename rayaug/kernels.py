@@ -14,7 +14,7 @@ import kornia
 import numpy as np
 import torch
 
-from rayaug.ops import Params, fused_colour_map, noise_field
+from rayaug.ops import Params, fused_colour_map, kernels_in, noise_field
 
 Kernel = Callable[[torch.Tensor, list[Params]], torch.Tensor]
 
@@ -154,17 +154,4 @@ def invert(images: torch.Tensor, params: list[Params]) -> torch.Tensor:
     return 1 - images
 
 
-KERNELS: dict[str, Kernel] = {
-    "color_jitter": color_jitter,
-    "grayscale": grayscale,
-    "gaussian_blur": gaussian_blur,
-    "gaussian_noise": gaussian_noise,
-    "salt_and_pepper": salt_and_pepper,
-    "erasing": erasing,
-    "sharpness": sharpness,
-    "posterize": posterize,
-    "solarize": solarize,
-    "equalize": equalize,
-    "autocontrast": autocontrast,
-    "invert": invert,
-}
+KERNELS: dict[str, Kernel] = kernels_in(globals())

@@ -736,6 +736,16 @@ CATALOGUE: dict[str, type[Op]] = {
     cls.model_fields["name"].default: cls for cls in GEOMETRIC + PHOTOMETRIC + MIXES
 }
 
+
+def kernels_in(namespace: dict[str, Any]) -> dict[str, Any]:
+    """A kernel module's kernels by op name: one function per photometric op, named as the op
+    (a kernel set that lacks one fails at import, not on the first sample that needs it)."""
+    return {
+        cls.model_fields["name"].default: namespace[cls.model_fields["name"].default]
+        for cls in PHOTOMETRIC
+    }
+
+
 CatalogueOp = Annotated[Union[GEOMETRIC + PHOTOMETRIC], Field(discriminator="name")]  # noqa: UP007
 
 
