@@ -46,13 +46,14 @@ here asserts a time.
     scripts/bench.py [--recipe a,b,c,d] [--n 10000] [--quick] [--photos bundled|varied]
                      [--input DIR] [--only floor,albumentations,rayaug] [--s3] [--gpu]
                      [--json FILE] [--keep]
-    scripts/bench.py --augment-only [--device cpu|cuda] [--recipe ...] [--n N]
+    scripts/bench.py --augment-only [--device cpu|cuda] [--recipe ...] [--n N] [--repeat K]
                      [--batch-size B] [--json FILE]    # the augment stage alone, no Ray
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -1008,7 +1009,7 @@ def augment_only(args: argparse.Namespace) -> int:
     try:
         photos = own_photos(args.input, scratch) if args.input else photos_for(args.n, args.photos)
         print(f"augment stage alone on {args.device}, no Ray: {photos.n} {photos.name} photos "
-              f"({photos.images}), batch size {args.batch_size}", flush=True)
+              f"({photos.images}) x {args.repeat}, batch size {args.batch_size}", flush=True)
         results: dict[str, dict[str, Any]] = {}
         for key in args.recipes:
             recipe = RECIPES[key]
@@ -1016,7 +1017,8 @@ def augment_only(args: argparse.Namespace) -> int:
                                     args.device != "cpu", {}, photos.annotations)
             spec_data["execution"]["batch_size"] = args.batch_size
             spec = parse_spec(spec_data, f"recipe {key}")
-            results[key] = augment_recipe(spec, recipe, args.device, sources, storage, Augmenter)
+            results[key] = augment_recipe(spec, recipe, args.device, args.repeat, sources, storage,
+                                          Augmenter)
             r = results[key]
             print(f"  {key} {recipe.title:58} {r['images_per_second']:>9,.1f} img/s  "
                   f"({r['samples']} in {r['seconds']:.2f} s; warm-up {r['warmup_seconds']:.2f} s,"
@@ -1027,22 +1029,26 @@ def augment_only(args: argparse.Namespace) -> int:
     if args.json:
         document = {"schema": 2, "mode": "augment-only", "device": args.device,
                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
-                    "config": {"n": photos.n, "photos": photos.name,
+                    "config": {"n": photos.n, "repeat": args.repeat, "photos": photos.name,
                                "batch_size": args.batch_size,
                                "recipes": {k: RECIPES[k].describe() for k in args.recipes}},
                     "results": results}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 1 if any(r["quarantined"] or r["samples"] != photos.n for r in results.values()) else 0
+    expected = photos.n * args.repeat
+    return 1 if any(r["quarantined"] or r["samples"] != expected for r in results.values()) else 0
 
 
-def augment_recipe(spec: Any, recipe: Recipe, device: str, sources: Any, storage: Any,
-                   augmenter_class: Any) -> dict[str, Any]:
+def augment_recipe(spec: Any, recipe: Recipe, device: str, repeat: int, sources: Any,
+                   storage: Any, augmenter_class: Any) -> dict[str, Any]:
     started = time.monotonic()
     location = storage.open_location(spec.input.uri, spec.storage)
     listing = sources.list_input(location, spec.input, spec.output.shard_size)
     units = [sources.read_unit(location, spec.input, listing.format, unit)
              for unit in listing.units]
+    if repeat > 1:  # each source again under another key: other seeds, other parameters
+        units = [[dataclasses.replace(s, key=f"{s.key}~{k}") for s in unit]
+                 for k in range(repeat) for unit in units]
     read = time.monotonic() - started
     augmenter = augmenter_class(spec, device)
     started = time.monotonic()  # first batch: imports, CUDA context, kernels; not counted
@@ -1248,6 +1254,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="--augment-only: cpu or cuda (default cpu)")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="--augment-only: samples per device batch (default 64)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="--augment-only: use each photo K times under K keys (other "
+                             "parameters), N x K samples without building N x K photos")
     args = parser.parse_args(argv)
     args.n = args.n or (200 if args.quick else 10_000)
     if args.n < 1:
