@@ -81,6 +81,7 @@ SEED = 0
 SHARD_ROWS = 256
 RAY_CHUNK = 32  # images per naive-ray actor call
 PSS_EVERY = 5  # PSS on every 5th memory sample (every ~1 s): reading it costs CPU
+MIN_COMMITS = 8  # fewer commits than this: the steady-state figure is noise (a note says so)
 MIN_VISIBLE = 0.3  # a box less visible than this is dropped (rayaug's rule, see the README)
 
 PEERS = ("floor", "albumentations", "naive-ray", "dali")
@@ -195,8 +196,14 @@ class Recipe:
         return A.Compose([step.albu(A, cv2) for step in self.steps], bbox_params=bbox, seed=seed)
 
     def describe(self) -> dict[str, Any]:
-        return {"title": self.title, "size": self.size, "quality": self.quality,
-                "boxes": self.boxes, "rayaug_ops": self.rayaug_ops()}
+        described = {"title": self.title, "size": self.size, "quality": self.quality,
+                     "boxes": self.boxes, "rayaug_ops": self.rayaug_ops()}
+        with suppress(ImportError):  # not on the GPU machine (augment-only needs no peers)
+            import albumentations as A
+            import cv2
+
+            described["albumentations"] = [repr(step.albu(A, cv2)) for step in self.steps]
+        return described
 
 
 # The four ops, their numbers shared with the hand-written naive-ray and DALI runners.
@@ -352,7 +359,7 @@ def own_photos(images: Path, scratch: Path) -> Photos:
         raise SystemExit(f"--input {images}: no .jpg/.jpeg/.png images under it")
     annotations = scratch / "annotations.json"
     write_annotations(images, annotations, SEED)
-    return Photos(images, annotations, count, f"input:{images}")
+    return Photos(images, annotations, count, "own")
 
 
 def write_annotations(images: Path, path: Path, seed: int) -> int:
@@ -1185,6 +1192,11 @@ def print_recipe(recipe: Recipe, by_n: dict[int, dict[str, Result]], table: dict
 
 
 def print_summary(results: Results, table: dict, verdicts: dict) -> None:
+    few = sorted({f"{r.recipe}/{r.runner}/N={r.n}" for by_n in results.values()
+                  for rs in by_n.values() for r in rs.values() if r.commits < MIN_COMMITS})
+    if few:
+        print(f"\nnote: under {MIN_COMMITS} commits, steady state is noise, not a rate "
+              f"({len(few)} runs, e.g. {few[0]}): use N ≥ {MIN_COMMITS * SHARD_ROWS:,}")
     print("\nsummary: rayaug ÷ Albumentations (end to end / steady state), rayaug ÷ floor "
           "(end to end), rayaug start-up s")
     sizes = sorted({n for by_n in results.values() for n in by_n})
