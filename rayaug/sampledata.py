@@ -9,6 +9,10 @@ Its label is the source photo's name.
 
 Sample `i` depends only on `(seed, i)`, so `make_photos(10)` is a prefix of `make_photos(1000)`.
 
+Where scikit-image is not installed (the lent GPU machine), set `RAYAUG_SOURCE_PHOTOS=DIR` to a
+folder of the source photos as lossless PNGs, written elsewhere by `save_source_photos(DIR)`:
+the same photos, so the same samples.
+
     python -m rayaug.sampledata OUT --n 200 --format folder|parquet|webdataset --seed 0
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import tarfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +43,7 @@ SKIMAGE_PHOTOS = (
     "moon",
     "rocket",
 )
+SOURCES_ENV = "RAYAUG_SOURCE_PHOTOS"
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,13 @@ class SamplePhoto:
 
 
 def source_photos() -> dict[str, Image.Image]:
-    """The source photos by name, decoded to RGB: skimage.data, plus scikit-learn's if present."""
+    """The source photos by name, decoded to RGB: skimage.data, plus scikit-learn's if present;
+    or the PNGs in `$RAYAUG_SOURCE_PHOTOS` when that is set (see `save_source_photos`)."""
+    if folder := os.environ.get(SOURCES_ENV):
+        pngs = sorted(Path(folder).glob("*.png"))
+        if not pngs:
+            raise FileNotFoundError(f"{SOURCES_ENV}={folder} holds no .png source photos")
+        return {path.stem: Image.open(path).convert("RGB") for path in pngs}
     import skimage.data  # lazy: only the generator needs it
 
     photos: dict[str, np.ndarray] = {}
@@ -68,6 +80,16 @@ def source_photos() -> dict[str, Image.Image]:
         for path, image in zip(sample.filenames, sample.images, strict=True):
             photos[Path(path).stem] = image
     return {name: Image.fromarray(photos[name]).convert("RGB") for name in sorted(photos)}
+
+
+def save_source_photos(folder: Path) -> list[Path]:
+    """Write the source photos as lossless PNGs, `<name>.png`, for `$RAYAUG_SOURCE_PHOTOS`."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, image in source_photos().items():
+        paths.append(Path(folder) / f"{name}.png")
+        image.save(paths[-1], "PNG")
+    return paths
 
 
 def _render(
