@@ -93,10 +93,8 @@ def _hue(pixels: np.ndarray, turns: float) -> np.ndarray:
     8-bit HSV would quantise the hue to 1.4° steps (up to 3 levels off on saturated colours).
     OpenCV's float HSV keeps V in the input's 0-255 scale, so no rescaling either way."""
     hsv = cv2.cvtColor(pixels.astype(np.float32), cv2.COLOR_RGB2HSV)
-    hue = hsv[..., 0]
-    hue += np.float32(turns * 360)  # |turns| ≤ 0.5: one wrap either way (np.mod is 4x slower)
-    hue[hue >= 360] -= 360
-    hue[hue < 0] += 360
+    # OpenCV's HSV2RGB wraps a hue past 360 itself: one SIMD add of (shift, 0, 0), no masks
+    cv2.add(hsv, (turns * 360 % 360, 0.0, 0.0, 0.0), dst=hsv)
     return cv2.convertScaleAbs(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
 
 
