@@ -5,14 +5,23 @@ The Python API (`rayaug.api`, loaded on first use so that `import rayaug` stays 
 `rayaug.errors`, importable from here too.
 """
 
+from typing import TYPE_CHECKING
+
 from rayaug.errors import JobFailed, RayaugError, SpecError, StorageError, UsageError
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
+    from rayaug.api import OutputView, load_job, open_output, resume, run
 
 __version__ = "0.3.0"
 
 _API = ("run", "resume", "open_output", "load_job", "OutputView")
 
 __all__ = [
-    *_API,
+    "run",
+    "resume",
+    "open_output",
+    "load_job",
+    "OutputView",
     "JobFailed",
     "RayaugError",
     "SpecError",

@@ -16,8 +16,9 @@ the same the command turns into one line and an exit code. Ray is imported only 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator, Mapping
-from os import PathLike
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from rayaug.job import JobSummary, Progress, Tally
     from rayaug.reports.query import QueryResult
 
-Job = str | PathLike | Mapping | JobSpec
+Job = str | os.PathLike | Mapping | JobSpec
+Uri = str | os.PathLike  # a local path, file:// or s3://bucket/prefix
 
 
 def load_job(job: Job) -> JobSpec:
@@ -69,19 +71,19 @@ def run(job: Job, *, address: str | None = None, progress: Progress | None = Non
 
 
 def resume(
-    uri: str,
+    uri: Uri,
     *,
     storage: StorageSpec | None = None,
     address: str | None = None,
     progress: Progress | None = None,
 ) -> JobSummary:
     """Finish the job recorded in the output `uri` (`_job/spec.yaml`): only uncommitted shards
-    are processed; a finished output is left as it is and its summary returned.
+    are processed; on a finished output nothing is redone (its `_SUCCESS` records this run).
 
     `storage`: the fields set here (an endpoint, say) replace those the job recorded.
     """
     # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
-    recorded = recorded_spec(open_location(uri, storage or StorageSpec()))
+    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
     spec = recorded.model_copy(update={"storage": _storage(recorded, storage)})
     return run(spec, address=address, progress=progress)
 
@@ -92,10 +94,10 @@ def _storage(spec: JobSpec, storage: StorageSpec | None) -> StorageSpec:
     return spec.storage.model_copy(update=storage.model_dump(exclude_unset=True))
 
 
-def open_output(uri: str, storage: StorageSpec | None = None) -> OutputView:
+def open_output(uri: Uri, storage: StorageSpec | None = None) -> OutputView:
     """A committed output (finished or not) at `uri`, for reading; UsageError if `uri` holds
     no rayaug output. `storage`: as for `resume`."""
-    output = outputs.recorded_output(open_location(uri, storage or StorageSpec()))
+    output = outputs.recorded_output(open_location(os.fspath(uri), storage or StorageSpec()))
     return OutputView(output, _storage(output.spec, storage))
 
 
@@ -134,9 +136,7 @@ class OutputView:
         """(manifest row, image) for each committed sample, in shard and manifest order; the
         image decoded (a PIL image) or, with `decode=False`, its stored bytes (whose sha256
         is the row's). Reads one data shard at a time."""
-        for count, (row, data) in enumerate(outputs.samples(self.output)):
-            if limit is not None and count >= limit:
-                return
+        for row, data in islice(outputs.samples(self.output), limit):
             yield row, _decoded(data) if decode else data
 
     def verify(self) -> list[str]:
