@@ -10,7 +10,9 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -19,7 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from rayaug.errors import RayaugError, SpecError
-from rayaug.spec import JobSpec, StorageSpec, load_spec
+from rayaug.spec import StorageSpec, load_spec
+
+if TYPE_CHECKING:
+    from rayaug.api import OutputView
+    from rayaug.job import JobSummary
 
 console = Console(stderr=True, soft_wrap=True)
 out_console = Console(highlight=False, soft_wrap=True)
@@ -101,12 +107,11 @@ class _LiveProgress:
         self.bar.stop()
 
 
-def _run(spec: JobSpec, address: str | None, as_json: bool) -> None:
-    from rayaug.job import RunOptions, run_job
-
+def _run(start: Callable[[_LiveProgress], JobSummary], out_uri: str, as_json: bool) -> None:
+    """Run `start(progress)` (a call of the API) with a progress bar; print its summary."""
     progress = _LiveProgress()
     try:
-        summary = run_job(spec, RunOptions(address=address), progress)
+        summary = start(progress)
     except KeyboardInterrupt:
         # run_job has shut its Ray down and released the lease on the way out; what is
         # committed stays (click would print a bare "Aborted!").
@@ -115,7 +120,7 @@ def _run(spec: JobSpec, address: str | None, as_json: bool) -> None:
         _report(
             "interrupted:",
             f"{shards} committed shard{'s' * (shards != 1)} kept; "
-            f"`rayaug resume {spec.output.uri}` finishes the job",
+            f"`rayaug resume {out_uri}` finishes the job",
         )
         sys.exit(130)
     finally:
@@ -140,7 +145,12 @@ def _run(spec: JobSpec, address: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run(job_file: str, address: str | None, as_json: bool) -> None:
     """Run JOB_FILE (resuming if its output already holds this job)."""
-    _run(load_spec(job_file), address, as_json)
+    from rayaug import api
+
+    spec = load_spec(job_file)
+    _run(
+        lambda progress: api.run(spec, address=address, progress=progress), spec.output.uri, as_json
+    )
 
 
 @main.command()
@@ -152,18 +162,15 @@ def validate(job_file: str) -> None:
     out_console.print(f"{job_file}: valid (version {spec.version}); {spec.views} views; ops: {ops}")
 
 
-def _output(out_uri: str, endpoint: str | None):
-    from rayaug.inspect import open_output
-    from rayaug.storage import open_location
+def _output(out_uri: str, endpoint: str | None) -> OutputView:
+    from rayaug.api import open_output
 
-    output = open_output(open_location(out_uri, StorageSpec(endpoint=endpoint)))
-    return output, _storage_of(output.spec, endpoint)
+    return open_output(out_uri, _storage(endpoint))
 
 
-def _storage_of(spec: JobSpec, endpoint: str | None) -> StorageSpec:
-    if endpoint is None:
-        return spec.storage
-    return spec.storage.model_copy(update={"endpoint": endpoint})
+def _storage(endpoint: str | None) -> StorageSpec | None:
+    """--endpoint replaces the recorded job's endpoint (its other storage settings stay)."""
+    return None if endpoint is None else StorageSpec(endpoint=endpoint)
 
 
 @main.command()
@@ -173,12 +180,12 @@ def _storage_of(spec: JobSpec, endpoint: str | None) -> StorageSpec:
 @_endpoint_option
 def resume(out_uri: str, address: str | None, as_json: bool, endpoint: str | None) -> None:
     """Finish the job recorded in OUT_URI, processing only uncommitted shards."""
-    from rayaug.plan import recorded_spec
-    from rayaug.storage import open_location
+    from rayaug import api
 
-    # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
-    spec = recorded_spec(open_location(out_uri, StorageSpec(endpoint=endpoint)))
-    _run(spec.model_copy(update={"storage": _storage_of(spec, endpoint)}), address, as_json)
+    def start(progress: _LiveProgress) -> JobSummary:
+        return api.resume(out_uri, storage=_storage(endpoint), address=address, progress=progress)
+
+    _run(start, out_uri, as_json)
 
 
 @main.command()
@@ -187,10 +194,7 @@ def resume(out_uri: str, address: str | None, as_json: bool, endpoint: str | Non
 @_endpoint_option
 def status(out_uri: str, as_json: bool, endpoint: str | None) -> None:
     """Planned, committed and quarantined samples, and whether the job runs or is done."""
-    from rayaug import inspect
-
-    output, _ = _output(out_uri, endpoint)
-    report = inspect.status(output)
+    report = _output(out_uri, endpoint).status()
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -234,25 +238,22 @@ def inspect_command(
     With --query, only the query's result (a table, or --json); with --stats (or --plot),
     histograms of every drawn parameter and the label balance before and after.
     """
-    from rayaug import inspect
-
     if sql is not None and (stats or plot or sheet or verify):
         raise click.UsageError("--query cannot be combined with --stats, --plot, --sheet, --verify")
-    output, _ = _output(out_uri, endpoint)
+    view = _output(out_uri, endpoint)
     if sql is not None:
-        _print_query(inspect.query(output.location, sql, max_rows or None), as_json)
+        _print_query(view.query(sql, max_rows or None), as_json)
         return
-    tables = inspect.committed_tables(output)
-    report = inspect.summary(output, *tables)
-    if stats or plot:
-        report["stats"] = inspect.statistics(output, *tables)
+    report = view.summary(stats=stats or bool(plot))
     if plot:
-        inspect.plot_statistics(report["stats"], plot)
+        from rayaug.reports.stats import plot_statistics
+
+        plot_statistics(report["stats"], plot)
         report["plot"] = str(Path(plot))
     if verify:
-        report["breaches"] = inspect.verify(output)
+        report["breaches"] = view.verify()
     if sheet:
-        inspect.contact_sheet(output, limit).save(sheet)
+        view.contact_sheet(limit).save(sheet)
         report["sheet"] = str(Path(sheet))
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -397,7 +398,7 @@ def diff(out_a: str, out_b: str, as_json: bool, limit: int, endpoint: str | None
     """
     from rayaug.diff import diff_outputs
 
-    result = diff_outputs(_output(out_a, endpoint)[0], _output(out_b, endpoint)[0])
+    result = diff_outputs(_output(out_a, endpoint).output, _output(out_b, endpoint).output)
     report = result.to_json(limit)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -449,8 +450,8 @@ def replay(out_uri: str, sample_id: str, target: str | None, endpoint: str | Non
     """Regenerate SAMPLE_ID from its manifest row; exit 1 if its bytes differ."""
     from rayaug.replay import replay as replay_sample
 
-    output, storage = _output(out_uri, endpoint)
-    result = replay_sample(output, sample_id, storage)
+    view = _output(out_uri, endpoint)
+    result = replay_sample(view.output, sample_id, view.storage)
     if target:
         Path(target).write_bytes(result.image)
     verdict = "identical" if result.matches else "DIFFERENT"

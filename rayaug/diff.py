@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from rayaug import commit
-from rayaug.inspect import Output, manifests, quarantine
+from rayaug.outputs import Output, manifests, quarantine
 
 # Spec fields that never change what is written (how it ran, where it went): listed, not counted.
 SETTINGS = ("name", "execution", "storage", "errors.max_error_rate")

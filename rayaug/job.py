@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rayaug import commit, inspect
+from rayaug import commit, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
@@ -164,7 +164,7 @@ def _release_after_failure(lease: commit.Lease) -> None:
 def _count_committed(spec: JobSpec, plan: JobPlan, out: Location, committed: set[str]) -> Tally:
     planned = plan.planned_sources
     tally = Tally(len(plan.units), None if planned is None else planned * spec.views)
-    for shard in inspect.shard_commits(out, committed):
+    for shard in outputs.shard_commits(out, committed):
         tally.add(shard, new=False)
     return tally
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from rayaug import sources
 from rayaug.augment import Augmenter, pick_device
-from rayaug.inspect import Output, find_row
 from rayaug.ops import from_records
+from rayaug.outputs import Output, find_row
 from rayaug.partners import Partners
 from rayaug.spec import StorageSpec
 from rayaug.storage import open_location

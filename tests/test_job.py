@@ -18,10 +18,11 @@ import webdataset as wds
 import yaml
 from conftest import BUCKET, RecordingProgress
 
-from rayaug import commit, inspect, sampledata
+from rayaug import commit, outputs, sampledata
 from rayaug.errors import JobFailed, UsageError
 from rayaug.job import RunOptions, pool_shape, run_job
 from rayaug.replay import replay
+from rayaug.reports.summary import verify
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
 from rayaug.storage import open_location
 
@@ -55,7 +56,7 @@ def run(spec: JobSpec) -> RecordingProgress:
 
 
 def manifest_digests(uri: str) -> dict[str, tuple[str, str]]:
-    table = inspect.manifests(open_location(uri, StorageSpec()))
+    table = outputs.manifests(open_location(uri, StorageSpec()))
     rows = table.select(["sample_id", "sha256", "ops"]).to_pylist()
     return {r["sample_id"]: (r["sha256"], r["ops"]) for r in rows}
 
@@ -100,8 +101,8 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
     ):
         assert column in manifest.column_names
     assert set(manifest.column("width").to_pylist()) == {64}
-    output = inspect.open_output(open_location(str(out), StorageSpec()))
-    assert inspect.verify(output) == []
+    output = outputs.recorded_output(open_location(str(out), StorageSpec()))
+    assert verify(output) == []
 
 
 def test_same_bytes_whatever_batch_size_and_actor_count(
@@ -152,7 +153,7 @@ def test_broken_inputs_are_quarantined_and_counted(
     out = tmp_path / "out"
     spec = make_spec(str(photo_folder), str(out), errors={"max_error_rate": 0.2})
     run(spec)
-    errors = inspect.quarantine(open_location(str(out), spec.storage)).to_pylist()
+    errors = outputs.quarantine(open_location(str(out), spec.storage)).to_pylist()
     assert sorted(e["sample_id"] for e in errors) == [
         "astronaut/broken.jpg#0",
         "astronaut/broken.jpg#1",
@@ -188,7 +189,7 @@ def test_webdataset_from_s3_to_s3(ray_cluster: str, s3, photos, tmp_path: Path) 
     spec = make_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", output={"format": "webdataset"})
     run(spec)
     out = open_location(f"s3://{prefix}/out", spec.storage)
-    assert inspect.verify(inspect.open_output(out)) == []
+    assert verify(outputs.recorded_output(out)) == []
     tar = out.read_bytes("data/part-00000.tar")
     (tmp_path / "part.tar").write_bytes(tar)
     samples = list(wds.WebDataset(str(tmp_path / "part.tar"), shardshuffle=False).decode("pil"))
@@ -202,7 +203,7 @@ def test_parquet_input(ray_cluster: str, photos, tmp_path: Path) -> None:
     out = tmp_path / "out"
     spec = make_spec(str(tmp_path / "pq"), str(out), input={"key_column": "key"})
     run(spec)
-    rows = inspect.manifests(open_location(str(out), spec.storage)).to_pylist()
+    rows = outputs.manifests(open_location(str(out), spec.storage)).to_pylist()
     assert len(rows) == 48
     assert {r["source_key"] for r in rows} == {p.key for p in photos}  # the key column
 
@@ -245,16 +246,16 @@ def test_killed_driver_resumes_to_the_same_output(ray_cluster: str, photos, tmp_
     run(parse_spec(spec_data | {"output": {"uri": str(clean), "shard_size": 2}}))
     assert manifest_digests(str(killed)) == manifest_digests(str(clean))
     assert len(manifest_digests(str(clean))) == 180
-    output = inspect.open_output(open_location(str(killed), StorageSpec()))
-    assert inspect.verify(output) == []
+    output = outputs.recorded_output(open_location(str(killed), StorageSpec()))
+    assert verify(output) == []
 
 
 def test_replay_from_manifest(ray_cluster: str, photo_folder: Path, tmp_path: Path) -> None:
     spec = make_spec(str(photo_folder), str(tmp_path / "out"))
     run(spec)
-    output = inspect.open_output(open_location(spec.output.uri, spec.storage))
+    output = outputs.recorded_output(open_location(spec.output.uri, spec.storage))
     for sample in sorted(manifest_digests(spec.output.uri))[::17]:
         result = replay(output, sample, spec.storage)
         assert result.matches
-        image = inspect.read_images(output.location, spec, result.row["shard"])[sample]
+        image = outputs.read_images(output.location, spec, result.row["shard"])[sample]
         assert io.BytesIO(image).getvalue() == result.image

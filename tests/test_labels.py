@@ -16,8 +16,10 @@ from conftest import RecordingProgress
 from PIL import Image
 from test_targets import iou, red_box
 
-from rayaug import inspect
+from rayaug import outputs
 from rayaug.job import RunOptions, run_job
+from rayaug.reports.sheet import contact_sheet
+from rayaug.reports.summary import verify
 from rayaug.spec import parse_spec
 from rayaug.storage import open_location
 
@@ -47,7 +49,7 @@ def scenes(count: int = 4) -> list[tuple[str, bytes, bytes, list[int]]]:
     return made
 
 
-def run(source: Path | str, out: Path, **inputs) -> inspect.Output:
+def run(source: Path | str, out: Path, **inputs) -> outputs.Output:
     spec = parse_spec(
         {
             "input": {"uri": str(source), **inputs},
@@ -59,16 +61,16 @@ def run(source: Path | str, out: Path, **inputs) -> inspect.Output:
         }
     )
     run_job(spec, RunOptions(), RecordingProgress())
-    output = inspect.open_output(open_location(str(out), spec.storage))
-    assert inspect.verify(output) == []
+    output = outputs.recorded_output(open_location(str(out), spec.storage))
+    assert verify(output) == []
     return output
 
 
-def check_boxes_follow_objects(output: inspect.Output) -> None:
-    rows = inspect.manifests(output.location).to_pylist()
+def check_boxes_follow_objects(output: outputs.Output) -> None:
+    rows = outputs.manifests(output.location).to_pylist()
     assert len(rows) == 12
     for row in rows:
-        image = inspect.read_images(output.location, output.spec, row["shard"])[row["sample_id"]]
+        image = outputs.read_images(output.location, output.spec, row["shard"])[row["sample_id"]]
         targets = json.loads(row["targets"])
         found = red_box(image)
         if found is None or not targets["boxes"]:
@@ -116,7 +118,7 @@ def test_folder_with_coco_annotations_and_masks(ray_cluster, folder: Path, tmp_p
         assert set(np.unique(ids)) <= {0, 5}
         red = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))[..., 0] > 180
         assert ((ids == 5) == red).mean() > 0.95
-    sheet = inspect.contact_sheet(output, limit=6)
+    sheet = contact_sheet(output, limit=6)
     pixels = np.asarray(sheet)
     yellow = (pixels[..., 0] > 230) & (pixels[..., 1] > 200) & (pixels[..., 2] < 40)
     assert yellow.sum() > 50  # the box outlines are drawn
@@ -150,7 +152,7 @@ def test_webdataset_members(ray_cluster, tmp_path: Path) -> None:
                 archive.addfile(info, io.BytesIO(payload))
     output = run(tmp_path / "wds", tmp_path / "out")
     check_boxes_follow_objects(output)
-    masks = inspect.read_images(output.location, output.spec, "part-00000", masks=True)
+    masks = outputs.read_images(output.location, output.spec, "part-00000", masks=True)
     assert len(masks) == 12  # every output sample carries its moved mask
 
 
@@ -169,6 +171,6 @@ def test_unparseable_targets_quarantine_the_sample(ray_cluster, folder: Path, tm
         }
     )
     run_job(spec, RunOptions(), RecordingProgress())
-    errors = inspect.quarantine(open_location(spec.output.uri, spec.storage)).to_pylist()
+    errors = outputs.quarantine(open_location(spec.output.uri, spec.storage)).to_pylist()
     assert [(e["sample_id"], e["stage"]) for e in errors] == [("images/scene0.png#0", "read")]
     assert "bad label targets" in errors[0]["message"]

@@ -487,12 +487,13 @@ def uncommitted_objects(out: Path) -> list[str]:
 def assert_same_as_clean(out: Path, planned: list[str], clean: dict[str, str]) -> None:
     """The oracle: rayaug's verify is clean, and independently, every planned sample is
     committed exactly once with the bytes of an uninterrupted run, and no orphan is left."""
-    from rayaug import inspect
+    from rayaug import outputs
+    from rayaug.reports.summary import verify
     from rayaug.spec import StorageSpec
     from rayaug.storage import open_location
 
-    output = inspect.open_output(open_location(str(out), StorageSpec()))
-    assert inspect.verify(output) == []
+    output = outputs.recorded_output(open_location(str(out), StorageSpec()))
+    assert verify(output) == []
     digests = output_digests(out)
     assert sorted(digests) == planned
     assert digests == clean

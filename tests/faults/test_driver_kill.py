@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from faults import injection
-from rayaug import commit, inspect
+from rayaug import commit, outputs
 from rayaug.job import RunOptions, Tally, run_job
+from rayaug.reports.summary import verify
 from rayaug.spec import StorageSpec, parse_spec
 from rayaug.storage import open_location
 
@@ -43,11 +44,11 @@ def _manifests(out: Path) -> set[str]:
 
 
 def _status(out: Path) -> dict:
-    return inspect.status(inspect.open_output(open_location(str(out), StorageSpec())))
+    return outputs.status(outputs.recorded_output(open_location(str(out), StorageSpec())))
 
 
 def _verify(out: Path) -> list[str]:
-    return inspect.verify(inspect.open_output(open_location(str(out), StorageSpec())))
+    return verify(outputs.recorded_output(open_location(str(out), StorageSpec())))
 
 
 def _resume(data: dict) -> Recorder:

@@ -5,7 +5,7 @@ as an image folder, as WebDataset tar shards and as Parquet files. Every input i
 processed correctly (right size, right colours in the right place) or quarantined with the
 stage and reason it deserves; no input crashes the job, none is written outside the output
 prefix, none is silently dropped: every source appears exactly `views` times among the
-manifests and the quarantine, and `inspect.verify` finds the output sound.
+manifests and the quarantine, and `reports.summary.verify` finds the output sound.
 
 Fault 7: `errors.max_error_rate` stops a job past it (exit 1, the reasons in the message) and
 lets it finish under it (exit 0, the quarantine counted); a rerun with a raised budget resumes
@@ -34,9 +34,10 @@ from PIL import Image
 
 from faults import hostile
 from faults.hostile import BLUE, GREEN, RED, WHITE, Expect
-from rayaug import commit, inspect
+from rayaug import commit, outputs
 from rayaug.cli import main
 from rayaug.job import JobSummary, RunOptions, run_job
+from rayaug.reports.summary import verify
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
 from rayaug.storage import open_location
 
@@ -67,15 +68,15 @@ def run(spec: JobSpec) -> JobSummary:
 def outcome(out: Path) -> tuple[dict[str, dict], dict[str, dict], dict[str, bytes]]:
     """(manifest rows, quarantine rows, output images), each by sample id; ids never repeat."""
     location = open_location(str(out), StorageSpec())
-    output = inspect.open_output(location)
-    assert inspect.verify(output) == []
-    rows = inspect.manifests(location).to_pylist()
-    errors = inspect.quarantine(location).to_pylist()
+    output = outputs.recorded_output(location)
+    assert verify(output) == []
+    rows = outputs.manifests(location).to_pylist()
+    errors = outputs.quarantine(location).to_pylist()
     ids = [r["sample_id"] for r in rows + errors]
     assert len(ids) == len(set(ids)), "a sample id appears twice"
     images: dict[str, bytes] = {}
     for shard in sorted(commit.committed_shards(location)):
-        images |= inspect.read_images(location, output.spec, shard)
+        images |= outputs.read_images(location, output.spec, shard)
     return {r["sample_id"]: r for r in rows}, {e["sample_id"]: e for e in errors}, images
 
 
@@ -376,7 +377,7 @@ def test_hostile_parquet_rows_and_duplicate_keys_across_units(
         assert_quarantined(key, stage, words, errors)
 
     # The plan records the duplicates (JSON in _job/plan.json) and reads them back intact.
-    plan = inspect.open_output(open_location(str(out), StorageSpec())).plan
+    plan = outputs.recorded_output(open_location(str(out), StorageSpec())).plan
     assert [u.duplicates for u in plan.units] == [
         ((2, 2, "a.parquet", 0),),
         ((1, 2, "a.parquet", 1),),

@@ -28,7 +28,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from rayaug import inspect
+from rayaug import outputs
+from rayaug.reports.summary import verify
 from rayaug.spec import StorageSpec
 from rayaug.storage import open_location
 
@@ -118,8 +119,8 @@ def test_20000_images_in_200_shards_bounded_driver_memory_and_open_files(
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples"] == IMAGES and summary["shards"] == IMAGES // SHARD_SIZE
     assert summary["quarantined"] == 0
-    output = inspect.open_output(open_location(str(out), StorageSpec()))
-    assert inspect.verify(output) == []
+    output = outputs.recorded_output(open_location(str(out), StorageSpec()))
+    assert verify(output) == []
 
     running = [s for s in samples if s[0] >= 1]  # from the first commit on: Ray joined, planned
     assert len(running) >= 10, f"too few samples while the job ran: {samples}"

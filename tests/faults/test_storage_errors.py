@@ -21,10 +21,11 @@ from conftest import BUCKET, RecordingProgress
 from s3server import SeaweedS3
 
 from faults.flaky_proxy import KINDS, FlakyProxy
-from rayaug import inspect, sampledata
+from rayaug import outputs, sampledata
 from rayaug.cli import main
 from rayaug.errors import StorageError
 from rayaug.job import RunOptions, run_job
+from rayaug.reports.summary import verify
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
 
@@ -66,7 +67,7 @@ def everything(location: Location) -> dict[str, bytes]:
 
 def manifest_view(location: Location) -> dict[str, tuple[str, str, int]]:
     """sample_id → (sha256, drawn ops, view) of every committed sample."""
-    rows = inspect.manifests(location).select(["sample_id", "sha256", "ops", "view"]).to_pylist()
+    rows = outputs.manifests(location).select(["sample_id", "sha256", "ops", "view"]).to_pylist()
     assert len({r["sample_id"] for r in rows}) == len(rows), "a sample committed twice"
     return {r["sample_id"]: (r["sha256"], r["ops"], r["view"]) for r in rows}
 
@@ -151,7 +152,7 @@ def test_job_through_a_flaky_proxy_equals_a_clean_run(
     # The oracle reads the server directly, not through the proxy.
     out = open_location(flaky.output.uri, direct)
     reference = open_location(clean.output.uri, StorageSpec())
-    assert inspect.verify(inspect.open_output(out)) == []
+    assert verify(outputs.recorded_output(out)) == []
     planned = {f"{photo.key}#{view}" for photo in photos for view in range(VIEWS)}
     got = manifest_view(out)
     assert set(got) == planned  # every planned sample exactly once, none quarantined

@@ -33,9 +33,10 @@ from click.testing import CliRunner
 from conftest import RecordingProgress
 from s3server import SeaweedS3
 
-from rayaug import inspect, sampledata
+from rayaug import outputs, sampledata
 from rayaug.cli import main
 from rayaug.job import RunOptions, run_job
+from rayaug.reports.summary import verify
 from rayaug.spec import StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
 
@@ -74,14 +75,14 @@ def everything(location: Location) -> dict[str, bytes]:
 
 def manifest_view(location: Location) -> dict[str, tuple[str, str]]:
     """sample_id → (sha256, drawn ops) of every committed sample; none may appear twice."""
-    rows = inspect.manifests(location).select(["sample_id", "sha256", "ops"]).to_pylist()
+    rows = outputs.manifests(location).select(["sample_id", "sha256", "ops"]).to_pylist()
     assert len({r["sample_id"] for r in rows}) == len(rows), "a sample committed twice"
     return {r["sample_id"]: (r["sha256"], r["ops"]) for r in rows}
 
 
 def assert_same_as_clean(out: Location, clean: Location, photos: list) -> None:
     """The oracle: `verify` finds nothing, and the output equals the clean run's, byte for byte."""
-    assert inspect.verify(inspect.open_output(out)) == []
+    assert verify(outputs.recorded_output(out)) == []
     got = manifest_view(out)
     assert set(got) == {f"{p.key}#{v}" for p in photos for v in range(VIEWS)}
     assert got == manifest_view(clean)

@@ -1,0 +1,176 @@
+"""The Python API, for notebooks and pipelines; the `rayaug` command is built on it.
+
+    import rayaug
+
+    summary = rayaug.run("jobs/demo.yaml")         # or a dict, or a JobSpec
+    out = rayaug.open_output(summary.output)
+    out.status()["state"]                          # 'done'
+    out.manifest().to_pandas()                     # one row per sample
+    for row, image in out.samples(limit=4): ...    # manifest row, PIL image
+
+Nothing here prints. Every problem a user can act on is raised as one of the typed errors of
+`rayaug.errors` (`SpecError` naming the field path, `UsageError`, `StorageError`, `JobFailed`),
+the same the command turns into one line and an exit code. Ray is imported only when a job runs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from PIL import Image
+
+from rayaug import outputs
+from rayaug.plan import recorded_spec
+from rayaug.reports import summary as summary_report
+from rayaug.spec import JobSpec, StorageSpec, load_spec, parse_spec
+from rayaug.storage import open_location
+
+if TYPE_CHECKING:
+    from rayaug.job import JobSummary, Progress, Tally
+    from rayaug.reports.query import QueryResult
+
+Job = str | os.PathLike | Mapping | JobSpec
+Uri = str | os.PathLike  # a local path, file:// or s3://bucket/prefix
+
+
+def load_job(job: Job) -> JobSpec:
+    """A job spec from a YAML file's path, a mapping (as the YAML would hold) or a JobSpec."""
+    if isinstance(job, JobSpec):
+        return job
+    if isinstance(job, Mapping):
+        return parse_spec(dict(job), "<job dict>")
+    return load_spec(job)
+
+
+class _Silent:
+    """The progress of a job run without a listener."""
+
+    def started(self, tally: Tally) -> None:
+        pass
+
+    def committed(self, tally: Tally) -> None:
+        pass
+
+
+def run(job: Job, *, address: str | None = None, progress: Progress | None = None) -> JobSummary:
+    """Run a job to completion, or resume it when its output already holds it.
+
+    `address`: a Ray cluster to join (default: an embedded local Ray, or the cluster of
+    `RAY_ADDRESS`; a Ray this process already started is used as it is). `progress`: an object
+    with `started(tally)` and `committed(tally)`, called as shards commit. Returns the summary
+    that `_SUCCESS` records (`.to_json()`).
+    """
+    from rayaug.job import RunOptions, run_job
+
+    return run_job(load_job(job), RunOptions(address=address), progress or _Silent())
+
+
+def resume(
+    uri: Uri,
+    *,
+    storage: StorageSpec | None = None,
+    address: str | None = None,
+    progress: Progress | None = None,
+) -> JobSummary:
+    """Finish the job recorded in the output `uri` (`_job/spec.yaml`): only uncommitted shards
+    are processed; on a finished output nothing is redone (its `_SUCCESS` records this run).
+
+    `storage`: the fields set here (an endpoint, say) replace those the job recorded.
+    """
+    # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
+    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
+    spec = recorded.model_copy(update={"storage": _storage(recorded, storage)})
+    return run(spec, address=address, progress=progress)
+
+
+def _storage(spec: JobSpec, storage: StorageSpec | None) -> StorageSpec:
+    if storage is None:
+        return spec.storage
+    return spec.storage.model_copy(update=storage.model_dump(exclude_unset=True))
+
+
+def open_output(uri: Uri, storage: StorageSpec | None = None) -> OutputView:
+    """A committed output (finished or not) at `uri`, for reading; UsageError if `uri` holds
+    no rayaug output. `storage`: as for `resume`."""
+    output = outputs.recorded_output(open_location(os.fspath(uri), storage or StorageSpec()))
+    return OutputView(output, _storage(output.spec, storage))
+
+
+class OutputView:
+    """What a job committed under one output URI. Every call reads the output anew, so a
+    running job's progress shows; only committed shards are read."""
+
+    def __init__(self, output: outputs.Output, storage: StorageSpec) -> None:
+        self.output = output  # the location, the recorded spec and plan
+        self.storage = storage  # the recorded storage settings with the caller's overrides
+
+    @property
+    def uri(self) -> str:
+        return self.output.location.uri
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.output.spec
+
+    def status(self) -> dict:
+        """output, state ('done', 'running' or 'incomplete'), shards and samples planned and
+        committed, quarantined: what `rayaug status --json` prints."""
+        return outputs.status(self.output)
+
+    def manifest(self) -> pa.Table:
+        """Every committed manifest row (README "Manifest row")."""
+        return outputs.manifests(self.output.location)
+
+    def errors(self) -> pa.Table:
+        """The quarantine: sample_id, source_key, stage, error_class, message per row."""
+        return outputs.quarantine(self.output.location)
+
+    def samples(
+        self, decode: bool = True, limit: int | None = None
+    ) -> Iterator[tuple[dict, Image.Image | bytes]]:
+        """(manifest row, image) for each committed sample, in shard and manifest order; the
+        image decoded (a PIL image) or, with `decode=False`, its stored bytes (whose sha256
+        is the row's). Reads one data shard at a time."""
+        for row, data in islice(outputs.samples(self.output), limit):
+            yield row, _decoded(data) if decode else data
+
+    def verify(self) -> list[str]:
+        """Every breach of the commit protocol (missing shards, counts, sha256, orphans, no
+        _SUCCESS); an empty list means the output is sound and finished."""
+        return summary_report.verify(self.output)
+
+    def summary(self, stats: bool = False) -> dict:
+        """What `rayaug inspect --json` prints: status, labels, devices, per-op statistics and
+        quarantine reasons; with `stats`, also under "stats" the histograms of every drawn
+        parameter and the label balance (`rayaug inspect --stats`)."""
+        from rayaug.reports.stats import statistics
+
+        tables = outputs.committed_tables(self.output)
+        report = summary_report.summary(self.output, *tables)
+        if stats:
+            report["stats"] = statistics(self.output, *tables)
+        return report
+
+    def query(self, sql: str, max_rows: int | None = None) -> QueryResult:
+        """DuckDB SQL over tables `manifest`, `errors` and view `applied_ops` (README
+        "Querying the manifest"); UsageError, on one line, for a bad query."""
+        from rayaug.reports.query import query
+
+        return query(self.output.location, sql, max_rows)
+
+    def contact_sheet(self, limit: int = 24) -> Image.Image:
+        """A grid of `limit` samples spread over the output, captioned, labels drawn on."""
+        from rayaug.reports.sheet import contact_sheet
+
+        return contact_sheet(self.output, limit)
+
+
+def _decoded(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image

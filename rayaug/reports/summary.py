@@ -1,0 +1,124 @@
+"""The summary of a committed output, and its verification against the commit protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+
+import pyarrow as pa
+
+from rayaug import commit
+from rayaug.outputs import Output, errors_of, manifest_of, read_images, status_of
+from rayaug.sinks import SOURCES_KEY, committed_objects
+
+
+def summary(output: Output, table: pa.Table, errors: pa.Table) -> dict:
+    """Status, labels, devices, per-op statistics and the top quarantine reasons."""
+    shards = len(commit.committed_shards(output.location))
+    return {
+        **status_of(output, shards, table.num_rows, errors.num_rows),  # counted from what was read
+        "labels": dict(Counter(table.column("label").to_pylist()).most_common()),
+        "devices": dict(Counter(table.column("device").to_pylist())),
+        "ops": op_statistics(table.column("ops").to_pylist(), table.num_rows),
+        "quarantine_reasons": dict(
+            Counter(
+                f"{s}: {m}"
+                for s, m in zip(
+                    errors.column("stage").to_pylist(),
+                    errors.column("message").to_pylist(),
+                    strict=True,
+                )
+            ).most_common(20)
+        ),
+    }
+
+
+def applied_values(ops_json: list[str]) -> tuple[Counter, dict[str, dict[str, list[float]]]]:
+    """How often each op was applied, and every value of each of its numeric parameters."""
+    applied: Counter = Counter()
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in ops_json:
+        for step in json.loads(record):
+            applied[step["op"]] += 1
+            for name, value in _numbers(step["params"]):
+                values[step["op"]][name].append(value)
+    return applied, values
+
+
+def op_statistics(ops_json: list[str], samples: int) -> dict:
+    """Per op: how often it was applied, and the range of each numeric parameter."""
+    applied, values = applied_values(ops_json)
+    return {
+        op: {
+            "applied": count,
+            "rate": round(count / samples, 4) if samples else 0.0,
+            "params": {
+                name: {"min": min(v), "max": max(v), "mean": sum(v) / len(v)}
+                for name, v in sorted(values[op].items())
+            },
+        }
+        for op, count in sorted(applied.items())
+    }
+
+
+def _numbers(params: dict) -> list[tuple[str, float]]:
+    found = []
+    for name, value in params.items():
+        if isinstance(value, bool) or name == "noise_seed":
+            continue
+        if isinstance(value, int | float):
+            found.append((name, float(value)))
+        elif isinstance(value, list) and all(isinstance(v, int | float) for v in value):
+            found += [(f"{name}[{i}]", float(v)) for i, v in enumerate(value)]
+    return found
+
+
+# ---------------------------------------------------------------- verification
+
+
+def verify(output: Output) -> list[str]:
+    """Every breach of the commit protocol; an empty list means the output is sound."""
+    out, spec, plan = output.location, output.spec, output.plan
+    committed = commit.committed_shards(out)
+    breaches = [f"shard {u.shard} is not committed" for u in plan.units if u.shard not in committed]
+    seen: Counter = Counter()
+    planned = {u.shard: u.planned for u in plan.units}
+    for shard in sorted(committed):
+        breaches += _verify_shard(output, shard, planned.get(shard), seen)
+    breaches += [f"sample {s} appears {n} times" for s, n in seen.items() if n > 1]
+    keep = committed_objects(spec.output, committed)
+    breaches += [f"orphan object {p}" for p in commit.orphans(out, keep)]
+    if not out.exists(commit.SUCCESS):
+        breaches.append("no _SUCCESS: the job has not finished")
+    return breaches
+
+
+def _verify_shard(output: Output, shard: str, planned: int | None, seen: Counter) -> list[str]:
+    out, spec = output.location, output.spec
+    if shard not in {u.shard for u in output.plan.units}:
+        return [f"manifest {shard} is not part of the plan"]
+    manifest = manifest_of(out, shard)
+    errors = errors_of(out, shard)
+    sources = int((manifest.schema.metadata or {}).get(SOURCES_KEY.encode(), b"-1"))
+    breaches = []
+    if planned is not None and sources != planned:
+        breaches.append(f"shard {shard} read {sources} sources, planned {planned}")
+    if manifest.num_rows + errors.num_rows != sources * spec.views:
+        breaches.append(
+            f"shard {shard}: {manifest.num_rows} samples + {errors.num_rows} "
+            f"quarantined != {sources} sources x {spec.views} views"
+        )
+    seen.update(manifest.column("sample_id").to_pylist() + errors.column("sample_id").to_pylist())
+    images = read_images(out, spec, shard)
+    if len(images) != manifest.num_rows:
+        breaches.append(
+            f"shard {shard}: data holds {len(images)} images, manifest {manifest.num_rows}"
+        )
+    for sample, digest in zip(
+        manifest.column("sample_id").to_pylist(), manifest.column("sha256").to_pylist(), strict=True
+    ):
+        image = images.get(sample)
+        if image is None or hashlib.sha256(image).hexdigest() != digest:
+            breaches.append(f"sample {sample}: bytes missing or sha256 mismatch")
+    return breaches
