@@ -16,6 +16,8 @@ is relayed back. A deterministic share of the requests fails instead:
   and first few body bytes are sent, then nothing more: a server that stops mid-answer);
 - every `truncate_every`-th successful GET with a body is cut: the full Content-Length is
   announced, half the body is sent, then the connection is reset (a download cut mid-way);
+- once `hang_all` is set (at any time, from the test), every later request stalls: storage
+  that keeps hanging;
 - at most `limit` faults of the first kinds and `truncate_limit` truncations are injected, so a
   test always ends.
 
@@ -80,6 +82,7 @@ class FlakyProxy:
         self._thread: threading.Thread | None = None
         self._timer: threading.Timer | None = None
         self._stopped = threading.Event()  # releases the stalled connections
+        self.hang_all = False
 
     # ------------------------------------------------------------ life cycle
 
@@ -134,6 +137,9 @@ class FlakyProxy:
     def _fault_for_request(self, method: str) -> str | None:
         with self._lock:
             self.requests += 1
+            if self.hang_all:
+                self.counts["stall"] += 1
+                return "stall"
             if self.methods is not None and method not in self.methods:
                 return None
             self.counted += 1

@@ -10,6 +10,9 @@ and must end with the same samples, byte for byte, as a clean run: none lost, no
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+import yaml
 from click.testing import CliRunner
 from conftest import BUCKET, RecordingProgress
 from s3server import SeaweedS3
@@ -204,6 +208,72 @@ def test_job_through_a_stalling_proxy_equals_a_clean_run(
     assert manifest_view(out) == manifest_view(open_location(clean.output.uri, StorageSpec()))
     objects, expected = everything(out), everything(open_location(clean.output.uri, StorageSpec()))
     assert sorted(objects) == sorted(expected)
+    assert all(objects[p] == expected[p] for p in expected if p.startswith("data/"))
+
+
+@pytest.mark.slow
+def test_a_job_whose_storage_keeps_hanging_stops_in_one_line_and_resumes(
+    ray_cluster: str,
+    s3: SeaweedS3,
+    photos: list[sampledata.SamplePhoto],
+    direct: StorageSpec,
+    tmp_path: Path,
+) -> None:
+    """Mid-job, every storage call starts to hang: `rayaug run` stops, in bounded time, with
+    one line and exit 1, like an outage; resumed (storage answering again), the job ends with
+    the bytes of a clean run."""
+    sampledata.write_folder(photos, tmp_path / "input")
+    clean = job_spec(str(tmp_path / "input"), str(tmp_path / "clean"))
+    run_job(clean, RunOptions(), RecordingProgress())
+
+    prefix = f"{BUCKET}/faults-hang-{uuid.uuid4().hex[:8]}"
+    upload(s3.filesystem(), photos, f"{prefix}/in")
+    with FlakyProxy(s3.endpoint, every=0) as proxy:
+        data = job_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=proxy.url,
+                        retries=1, **SHORT_DEADLINES).model_dump(mode="json")
+        spec_file = tmp_path / "job.yaml"
+        spec_file.write_text(yaml.safe_dump(data))
+        driver = subprocess.Popen(
+            [str(Path(sys.executable).parent / "rayaug"), "run", str(spec_file),
+             "--address", ray_cluster],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=os.environ | {"RAY_ADDRESS": ""},
+        )
+        out = open_location(f"s3://{prefix}/out", direct)
+        try:
+            deadline = time.monotonic() + 240
+            while len(out.list("manifests")) < 2 and time.monotonic() < deadline:
+                assert driver.poll() is None, driver.communicate()
+                time.sleep(0.1)
+            proxy.hang_all = True
+            hung = time.monotonic()
+            stdout, stderr = driver.communicate(timeout=180)
+            stopped_after = time.monotonic() - hung
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.communicate()
+        hangs = proxy.counts["stall"]
+    assert driver.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr + stdout
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and stderr.rstrip().endswith(errors[0]), stderr[-3000:]
+    assert "Timeout" in errors[0] and "rayaug resume" in errors[0], errors[0]
+    assert hangs > 0 and stopped_after < 120, (hangs, stopped_after)
+    print(f"stopped {stopped_after:.1f} s after storage began to hang ({hangs} stalled calls): "
+          f"{errors[0]}")
+
+    committed = len(out.list("manifests"))
+    resumed = parse_spec(data | {"storage": {"endpoint": direct.endpoint,
+                                             "region": direct.region}})
+    progress = RecordingProgress()
+    run_job(resumed, RunOptions(), progress)
+    assert progress.start == committed * 3 * VIEWS  # kept, not redone (shard_size 3)
+    assert inspect.verify(inspect.open_output(out)) == []
+    reference = open_location(clean.output.uri, StorageSpec())
+    assert manifest_view(out) == manifest_view(reference)
+    objects, expected = everything(out), everything(reference)
+    assert sorted(objects) == sorted(expected)  # no orphan, lock or temporary left
     assert all(objects[p] == expected[p] for p in expected if p.startswith("data/"))
 
 
