@@ -308,7 +308,7 @@ def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
-def start_local_ray(**init_args) -> None:
+def start_local_ray(**init_args: object) -> None:
     """Start a fresh Ray of this process's own that registers 127.0.0.1 and listens on
     loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not."""
     import ray
