@@ -241,7 +241,9 @@ def _root_cause(error: BaseException) -> str:
             break
         error = inner
     if isinstance(error, RayaugError):
-        return str(error)
+        # rayaug's messages are one line; Ray Data appends its retry advice on further lines
+        # ("configure ray.data.DataContext ..."), which is about Ray's retries, not rayaug's.
+        return str(error).split("\n", 1)[0]
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:400]}"
 

@@ -259,6 +259,7 @@ def test_a_job_whose_storage_keeps_hanging_stops_in_one_line_and_resumes(
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and stderr.rstrip().endswith(errors[0]), stderr[-3000:]
     assert "Timeout" in errors[0] and "rayaug resume" in errors[0], errors[0]
+    assert "DataContext" not in errors[0], errors[0]  # Ray Data's retry advice is not ours
     assert hangs > 0 and stopped_after < 120, (hangs, stopped_after)
     print(f"stopped {stopped_after:.1f} s after storage began to hang ({hangs} stalled calls): "
           f"{errors[0]}")
