@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -241,7 +242,9 @@ def _root_cause(error: BaseException) -> str:
             break
         error = inner
     if isinstance(error, RayaugError):
-        return str(error)
+        # rayaug's messages are one line; Ray Data appends its retry advice on further lines
+        # ("configure ray.data.DataContext ..."), which is about Ray's retries, not rayaug's.
+        return str(error).split("\n", 1)[0]
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:400]}"
 
@@ -257,21 +260,79 @@ def _connect(options: RunOptions) -> bool:
     if options.address:
         package = str(Path(__file__).parent)
         runtime_env = {"py_modules": [package], "env_vars": env_vars}
-        ray.init(address=address, runtime_env=runtime_env, **QUIET)
+        with ray_on_loopback(address):
+            ray.init(address=address, runtime_env=runtime_env, **QUIET)
     elif address:  # inside a submitted job: the job's runtime_env already carries rayaug
-        ray.init(address=address, **QUIET)
+        with ray_on_loopback(address):
+            ray.init(address=address, **QUIET)
     else:
+        start_local_ray(include_dashboard=False, runtime_env={"env_vars": env_vars}, **QUIET)
+    return True
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _is_loopback_address(address: str | None) -> bool:
+    if address is None:
+        return False
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host in LOOPBACK_HOSTS
+
+
+@contextlib.contextmanager
+def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
+    """While Ray starts or joins at a loopback address, keep it there.
+
+    Ray 2.60 on Linux rewrites 127.0.0.1 (as `_node_ip_address` or in an address) to the
+    machine's network address (`services.resolve_ip_for_localhost`) unless its "cluster mode"
+    is off, and a node registered under that address listens on it, on 0.0.0.0 and on `*`.
+    Cluster mode is a flag Ray reads once, at import, from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER;
+    turning the flag off in this process for the length of `ray.init` is enough: every process
+    Ray spawns then gets 127.0.0.1 from the driver (proven by tests/test_loopback.py in a
+    network namespace), and nothing in the user's environment changes. An address that is
+    not loopback (a real cluster) is left to Ray as it was.
+    """
+    if address is not None and address != "local" and not _is_loopback_address(address):
+        yield
+        return
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # a Ray that moved the flag
+        raise RayaugError(
+            "this Ray version cannot be kept on loopback by rayaug (ray_constants."
+            "ENABLE_RAY_CLUSTER is gone); refusing to start a Ray that listens on the network"
+        )
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def start_local_ray(**init_args: object) -> None:
+    """Start a fresh Ray of this process's own that registers 127.0.0.1 and listens on
+    loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not."""
+    import ray
+
+    with ray_on_loopback():
         ray.init(
             # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
             # recorded in /tmp/ray/ray_current_cluster, which a killed rayaug leaves behind
             # pointing at a dead GCS: the next run (its resume) hung connecting to it.
             address="local",
-            include_dashboard=False,
             _node_ip_address="127.0.0.1",
-            runtime_env={"env_vars": env_vars},
-            **QUIET,
+            dashboard_host="127.0.0.1",
+            **init_args,
         )
-    return True
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != "127.0.0.1":  # a Ray upgrade that resolves loopback elsewhere
+        ray.shutdown()
+        raise RayaugError(
+            f"the embedded Ray registered {node_ip} instead of 127.0.0.1; refusing to run a "
+            "Ray that listens on the network (use --address to join a cluster)"
+        )
 
 
 @dataclass(frozen=True)

@@ -205,20 +205,29 @@ def _read_file(location: Location, path: str) -> SourceSample:
 
 
 def _read_parquet(location: Location, spec: InputSpec, unit: WorkUnit) -> Iterator[SourceSample]:
+    """A unit's rows, row group by row group: the rows of a group that cannot be decoded (a
+    corrupt page under a valid footer) are quarantined with the reason; the others go on."""
     path, (start, stop) = unit.files[0], unit.rows
-    yield from _parquet_samples(location, spec, unit, _parquet_rows(location, path, start, stop))
+    for first, rows, table, error in _parquet_pieces(location, path, start, stop, spec):
+        if error is None:
+            yield from _parquet_samples(location, spec, unit, table, first - start)
+            continue
+        keys = _optional_column(table, spec.key_column) if table is not None else [None] * rows
+        for offset in range(rows):
+            key = _row_key(keys[offset], path, first + offset)
+            yield SourceSample(key, location.uri_of(path), None, None, error)
 
 
 def _parquet_samples(
-    location: Location, spec: InputSpec, unit: WorkUnit, table: pa.Table
+    location: Location, spec: InputSpec, unit: WorkUnit, table: pa.Table, base: int = 0
 ) -> Iterator[SourceSample]:
-    """The samples of a unit's rows (`table`)."""
-    path, start = unit.files[0], unit.rows[0]
+    """The samples of some of a unit's rows (`table`, whose first row is the unit's `base`)."""
+    path, start = unit.files[0], unit.rows[0] + base
     images = _image_values(table.column(spec.image_column))
     labels = _optional_column(table, spec.label_column)
     keys = _optional_column(table, spec.key_column)
     uri = location.uri_of(path)
-    later = {offset: rest for offset, *rest in unit.duplicates}
+    later = {offset - base: rest for offset, *rest in unit.duplicates}
     for offset, data in enumerate(images):
         key = _row_key(keys[offset], path, start + offset)
         label = None if labels[offset] is None else str(labels[offset])
@@ -233,6 +242,107 @@ def _parquet_samples(
         error = None if data is not None else f"null image in column {spec.image_column!r}"
         sample = SourceSample(key, uri, data, label, error)
         yield _with_targets(sample, lambda o=offset: _row_targets(table, o, spec.box_format))
+
+
+# What decoding bytes already in memory raises on corrupt data (never a storage fault).
+_CORRUPT = (pa.ArrowException, OSError, ValueError, EOFError, IndexError)
+
+
+def _parquet_pieces(
+    location: Location, path: str, start: int, stop: int, spec: InputSpec
+) -> Iterator[tuple[int, int, pa.Table | None, str | None]]:
+    """(first row, rows, table, error) for each row group overlapping [start, stop).
+
+    Reading and decoding are kept apart so that each failure means one thing: a group's bytes
+    are fetched with `retrying` (a storage fault is retried, and stops the job if it lasts);
+    decoding them from memory can only fail on the data itself. Such a group yields its error
+    (and, when its key column still decodes, the keys), never an exception.
+    """
+    metadata = _parquet_metadata(location, path)
+    size = retrying(
+        lambda: location.fs.get_file_info(location.path(path)).size,
+        f"reading {location.uri_of(path)}",
+        location.attempts,
+    )
+    for group, (first, rows) in enumerate(_row_groups(metadata)):
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo >= hi:
+            continue
+        span = retrying(
+            lambda g=group: _fetch_group(location, path, metadata, g),
+            f"reading {location.uri_of(path)}",
+            location.attempts,
+        )
+        parquet = pq.ParquetFile(_Span(size, *span), metadata=metadata)
+        try:
+            table = parquet.read_row_group(group)
+        except _CORRUPT as error:
+            reason = " ".join(str(error).split())[:300] or type(error).__name__
+            keys = None
+            if spec.key_column is not None:
+                try:
+                    keys = parquet.read_row_group(group, columns=[spec.key_column])
+                except _CORRUPT:
+                    keys = None
+            yield (
+                lo, hi - lo, None if keys is None else keys.slice(lo - first, hi - lo),
+                f"unreadable Parquet row group {group} (rows {first}-{first + rows - 1}): "
+                f"{reason}",
+            )
+            continue
+        yield lo, hi - lo, table.slice(lo - first, hi - lo), None
+
+
+def _fetch_group(
+    location: Location, path: str, metadata: pq.FileMetaData, group: int
+) -> tuple[int, bytes]:
+    """(offset, bytes) of one row group's column chunks: one contiguous range of the file."""
+    chunks = [metadata.row_group(group).column(i) for i in range(metadata.num_columns)]
+    begin = min(
+        min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) for c in chunks
+    )
+    end = max(
+        min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset)
+        + c.total_compressed_size
+        for c in chunks
+    )
+    with location.fs.open_input_file(location.path(path)) as handle:
+        return begin, handle.read_at(end - begin, begin)
+
+
+class _Span(io.RawIOBase):
+    """A read-only file of `size` bytes of which only [offset, offset + len(data)) is known:
+    what pyarrow reads of one row group once the footer is parsed already."""
+
+    def __init__(self, size: int, offset: int, data: bytes) -> None:
+        super().__init__()
+        self._size, self._offset, self._data, self._position = size, offset, data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = base + position
+        return self._position
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._position if n < 0 else n
+        begin = self._position - self._offset
+        if begin < 0 or begin + n > len(self._data):
+            raise _OutsideSpan(f"read of {n} bytes at {self._position} outside the row group")
+        self._position += n
+        return self._data[begin : begin + n]
+
+
+class _OutsideSpan(RuntimeError):
+    """pyarrow asked for bytes beyond a row group's column chunks: a bug, never data."""
 
 
 def _parquet_metadata(location: Location, path: str) -> pq.FileMetaData:
@@ -255,22 +365,6 @@ def _parquet_column(location: Location, path: str, column: str) -> pa.ChunkedArr
             return pq.ParquetFile(handle).read(columns=[column]).column(column)
 
     return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
-
-
-def _parquet_rows(location: Location, path: str, start: int, stop: int) -> pa.Table:
-    def read() -> pa.Table:
-        with location.fs.open_input_file(location.path(path)) as handle:
-            return _row_range(pq.ParquetFile(handle), start, stop)
-
-    return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
-
-
-def _row_range(parquet: pq.ParquetFile, start: int, stop: int) -> pa.Table:
-    """Only the row groups that overlap [start, stop) are read."""
-    groups = _row_groups(parquet.metadata)
-    chosen = [i for i, (first, rows) in enumerate(groups) if first < stop and first + rows > start]
-    table = parquet.read_row_groups(chosen)
-    return table.slice(start - groups[chosen[0]][0] if chosen else 0, stop - start)
 
 
 def _row_groups(metadata: pq.FileMetaData) -> list[tuple[int, int]]:

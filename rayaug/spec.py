@@ -100,6 +100,11 @@ class StorageSpec(Model):
     endpoint: str | None = None
     region: str | None = None
     retries: int = Field(6, ge=0, le=50)
+    # Deadlines of every S3 call: a server that accepts a connection and never answers (or
+    # stalls mid-answer) would otherwise hold its shard's actor forever. Past either one the
+    # call is a transient error, retried with the same backoff as any other.
+    connect_timeout: float = Field(10.0, gt=0, le=600)  # seconds to open a connection
+    request_timeout: float = Field(60.0, gt=0, le=3600)  # seconds without a byte received
 
 
 class JobSpec(Model):

@@ -172,8 +172,11 @@ def _s3_filesystem(storage: StorageSpec) -> pafs.S3FileSystem:
     ) or "us-east-1"
     options: dict = {
         "region": region,
-        "connect_timeout": 5,
-        "request_timeout": 60,
+        # The AWS SDK applies request_timeout as "less than 1 byte/s for that long": a stalled
+        # call (no answer, or an answer that stops) fails with curlCode 28, an OSError that
+        # `retrying` treats as transient.
+        "connect_timeout": storage.connect_timeout,
+        "request_timeout": storage.request_timeout,
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
     }
     if endpoint:

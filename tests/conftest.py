@@ -75,11 +75,11 @@ def ray_cluster(s3: SeaweedS3) -> Iterator[str]:
     """A local Ray on loopback shared by every test; yields its address for subprocess drivers."""
     import ray
 
-    ray.init(
-        address="local",  # never a cluster another (killed) driver left recorded
+    from rayaug.job import start_local_ray
+
+    start_local_ray(  # the product's own way: loopback only, without any variable set
         num_cpus=2,
         include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         log_to_driver=False,
         runtime_env={"env_vars": {"AWS_EC2_METADATA_DISABLED": "true"}},
     )

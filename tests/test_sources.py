@@ -168,9 +168,10 @@ def test_empty_input_is_a_usage_error(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- Parquet specifics
 
 
-def _parquet(root: Path, name: str, table: pa.Table, row_group_size: int | None = None) -> None:
+def _parquet(root: Path, name: str, table: pa.Table, row_group_size: int | None = None,
+             **options: object) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, root / name, row_group_size=row_group_size)
+    pq.write_table(table, root / name, row_group_size=row_group_size, **options)
 
 
 def test_parquet_without_the_image_column_names_the_columns(tmp_path: Path) -> None:
@@ -204,6 +205,51 @@ def test_parquet_units_cut_across_row_groups(photos: list[SamplePhoto], tmp_path
     assert [(s.key, s.data, s.label) for s in samples] == [
         (p.key, p.jpeg, str(i)) for i, p in enumerate(photos[:11])
     ]
+
+
+def corrupt_one_page(path: Path, group: int, column: int) -> None:
+    """Overwrite bytes inside one data page of one column chunk; the footer stays valid."""
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(column)
+    page = chunk.data_page_offset
+    chunk_end = min(page, chunk.dictionary_page_offset or page) + chunk.total_compressed_size
+    with open(path, "r+b") as handle:
+        handle.seek(page + 2)  # the page header: its type and sizes
+        handle.write(b"\xff" * 8)
+        middle = (page + chunk_end) // 2  # and the middle of the page's data
+        handle.seek(middle)
+        handle.write(b"\x00" * min(32, chunk_end - middle))
+
+
+def test_a_corrupt_page_quarantines_only_its_row_group(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    table = pa.table({
+        "key": pa.array([p.key for p in photos[:12]]),
+        "image": pa.array([p.jpeg for p in photos[:12]], pa.binary()),
+    })
+    # No dictionary: each column chunk is one data page holding the values.
+    _parquet(tmp_path / "in", "only.parquet", table, row_group_size=4, use_dictionary=False)
+    corrupt_one_page(tmp_path / "in" / "only.parquet", group=1, column=1)
+    with pytest.raises(OSError):  # what a plain read of the file does: the whole file fails
+        pq.read_table(tmp_path / "in" / "only.parquet")
+    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    spec = InputSpec(uri=location.uri, key_column="key")
+    listing = list_input(location, spec, shard_size=6)  # units cut across the bad group
+    samples = [s for u in listing.units for s in read_unit(location, spec, "parquet", u)]
+    # Every row is accounted for under its own key (the key column still decodes).
+    assert [s.key for s in samples] == [p.key for p in photos[:12]]
+    for row, (sample, photo) in enumerate(zip(samples, photos, strict=False)):
+        if 4 <= row < 8:
+            assert sample.data is None
+            assert sample.error.startswith("unreadable Parquet row group 1 (rows 4-7): ")
+        else:
+            assert (sample.data, sample.error) == (photo.jpeg, None)
+
+    # Without a key column (or with the key's page corrupt too) the rows are `file:row`.
+    corrupt_one_page(tmp_path / "in" / "only.parquet", group=1, column=0)
+    samples = read_unit(location, InputSpec(uri=location.uri), "parquet", listing.units[0])
+    assert [s.key for s in samples[4:]] == ["only.parquet:4", "only.parquet:5"]
+    assert all(s.error and s.data is None for s in samples[4:])
 
 
 def test_hugging_face_struct_image_column(photos: list[SamplePhoto], tmp_path: Path) -> None:

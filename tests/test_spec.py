@@ -128,6 +128,8 @@ BAD_FIELDS = [
     pytest.param(("output", "quality"), 0, "output.quality: ", id="quality"),
     pytest.param(("views",), 0, "views: ", id="views"),
     pytest.param(("execution", "batch_size"), 0, "execution.batch_size: ", id="batch-size"),
+    pytest.param(("storage", "request_timeout"), 0, "storage.request_timeout: ", id="deadline"),
+    pytest.param(("storage", "connect_timeout"), -1, "storage.connect_timeout: ", id="connect"),
     pytest.param(("tranforms",), [], "tranforms: Extra inputs are not permitted", id="top-level"),
 ]
 
@@ -277,6 +279,7 @@ def test_fingerprint_is_stable() -> None:
         pytest.param({"execution": {"cpus_per_actor": 2}}, id="cpus"),
         pytest.param({"storage": {"endpoint": "http://minio:9000", "region": "eu"}}, id="storage"),
         pytest.param({"storage": {"retries": 20}}, id="retries"),
+        pytest.param({"storage": {"connect_timeout": 3, "request_timeout": 5}}, id="deadlines"),
         pytest.param({"name": "renamed"}, id="name"),
         pytest.param({"errors": {"max_error_rate": 0.5}}, id="error-budget"),
     ],

@@ -10,8 +10,14 @@ is relayed back. A deterministic share of the requests fails instead:
   connection is reset before the request reaches the server, as a load balancer drops it) and
   `lost` (the server carries the request out, then the connection is reset before its answer
   arrives: the client cannot tell that it succeeded, and retries what is already done);
+  and the two hangs of `STALLS`, never in the default rotation: `stall` (the request is read,
+  never forwarded and never answered: the connection stays open, silent, until the proxy
+  stops) and `stall_body` (the request is carried out and the answer's status line, headers
+  and first few body bytes are sent, then nothing more: a server that stops mid-answer);
 - every `truncate_every`-th successful GET with a body is cut: the full Content-Length is
   announced, half the body is sent, then the connection is reset (a download cut mid-way);
+- once `hang_all` is set (at any time, from the test), every later request stalls: storage
+  that keeps hanging;
 - at most `limit` faults of the first kinds and `truncate_limit` truncations are injected, so a
   test always ends.
 
@@ -31,6 +37,7 @@ from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KINDS = ("slowdown", "internal", "reset", "lost")
+STALLS = ("stall", "stall_body")
 # Headers that belong to one hop, not to the request: never forwarded as they came.
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "expect", "te",
         "upgrade", "content-length"}
@@ -74,6 +81,8 @@ class FlakyProxy:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._timer: threading.Timer | None = None
+        self._stopped = threading.Event()  # releases the stalled connections
+        self.hang_all = False
 
     # ------------------------------------------------------------ life cycle
 
@@ -107,6 +116,7 @@ class FlakyProxy:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         server, self._server = self._server, None
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.cancel()
@@ -127,6 +137,9 @@ class FlakyProxy:
     def _fault_for_request(self, method: str) -> str | None:
         with self._lock:
             self.requests += 1
+            if self.hang_all:
+                self.counts["stall"] += 1
+                return "stall"
             if self.methods is not None and method not in self.methods:
                 return None
             self.counted += 1
@@ -170,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault in _ERRORS:
             self._error(fault)
             return
+        if fault == "stall":
+            self._stall()
+            return
         try:
             status, reason, headers, data = self._forward(body)
         except OSError:  # the upstream is down: what a client sees from a dead server
@@ -177,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault == "lost":
             self._reset()
+            return
+        if fault == "stall_body" and (self.command == "HEAD" or len(data) < 8):
+            self._stall()  # no body to stop in the middle of: hang before the answer
             return
         cut = (
             self.command == "GET" and status in (200, 206) and len(data) >= 2
@@ -193,6 +212,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
+        if fault == "stall_body":
+            self.wfile.write(data[:4])
+            self.wfile.flush()
+            self._stall()
+            return
         if cut:
             self.wfile.write(data[: len(data) // 2])
             self._reset()
@@ -247,6 +271,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def _stall(self) -> None:
+        """Keep the connection open and silent until the proxy stops, then drop it."""
+        self.proxy._stopped.wait()
+        self._reset()
 
     def _reset(self) -> None:
         """Abort the connection with a TCP RST: the client sees 'connection reset by peer'."""

@@ -252,17 +252,18 @@ def _drive(args: argparse.Namespace) -> int:
     """A real driver: join the Ray at `--address` with the faulty runtime_env, run the job."""
     import ray
 
-    from rayaug.job import RunOptions, run_job
+    from rayaug.job import RunOptions, ray_on_loopback, run_job
     from rayaug.spec import load_spec
 
     for name, settings in json.loads(args.driver_faults).items():
         DRIVER_FAULTS[name](settings)
     spec = load_spec(args.spec)
-    ray.init(
-        address=args.address,
-        runtime_env=job_runtime_env(json.loads(args.worker_faults)),
-        log_to_driver=False,
-    )
+    with ray_on_loopback(args.address):  # else Ray rewrites 127.0.0.1 to a network address
+        ray.init(
+            address=args.address,
+            runtime_env=job_runtime_env(json.loads(args.worker_faults)),
+            log_to_driver=False,
+        )
     try:
         summary = run_job(spec, RunOptions(), _Silent())
     finally:
@@ -275,6 +276,13 @@ def _drive(args: argparse.Namespace) -> int:
 
 
 def _node_loss(args: argparse.Namespace) -> int:
+    from rayaug.job import ray_on_loopback
+
+    with ray_on_loopback():  # else Ray rewrites 127.0.0.1 (of the nodes, of the address)
+        return _node_loss_on_loopback(args)
+
+
+def _node_loss_on_loopback(args: argparse.Namespace) -> int:
     """Head (no CPU: only the driver) + two worker nodes on loopback; the job's actors run on
     the workers. The worker faults make one actor hang in the middle of a batch (`hang_actor`,
     whose marker names its node); once that has happened and a shard is committed, that node

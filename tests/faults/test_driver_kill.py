@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,104 @@ def test_killed_during_final_summary(job, tmp_path: Path, ray_cluster: str) -> N
     assert summary["samples"] == len(planned) and summary["samples_this_run"] == 0
     injection.assert_same_as_clean(out, planned, clean)
     assert os.path.getsize(out / commit.SUCCESS) > 0
+
+
+SOAK_PHOTOS, SOAK_SHARDS = 40, 20  # 80 samples, 2 photos (4 samples) per shard
+
+
+def _written(out: Path) -> set[tuple[str, int]]:
+    """Every data, quarantine and manifest file with its modification time."""
+    return {(str(p.relative_to(out)), p.stat().st_mtime_ns)
+            for folder in ("data", "errors", "manifests") if (out / folder).exists()
+            for p in (out / folder).iterdir()}
+
+
+def _moment(out: Path, shards: int, before: set[tuple[str, int]]) -> str:
+    """Which moment of the job a kill hit, read from what it left on disk (`before`: what
+    was written before the killed driver started)."""
+    if (out / commit.SUCCESS).exists():
+        return "after the end (the job had finished)"
+    committed = len(_manifests(out)) if (out / "manifests").exists() else 0
+    orphans = injection.uncommitted_objects(out) if (out / "data").exists() else []
+    if _written(out) == before and not orphans:
+        return "start-up / planning (this driver had written no shard yet)"
+    if committed == shards:
+        return "during the final summary (every shard committed, no _SUCCESS)"
+    if orphans:
+        return f"between data and manifest ({len(orphans)} uncommitted, {committed} committed)"
+    return f"mid-job ({committed} of {shards} shards committed)"
+
+
+@pytest.mark.slow
+def test_soak_of_five_kills_at_random_moments(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, ray_cluster: str
+) -> None:
+    """SIGKILL the driver at five random moments of one job in a row, resuming each time; the
+    end is the uninterrupted run's output, sample for sample and byte for byte.
+
+    Each kill comes at a random moment of its driver: a random time into its start-up and
+    planning, or a random fraction of a second after a random one of its commits (leaving
+    shards for the later kills), so the kills land in start-up, planning, shards in flight,
+    between a data object and its manifest, or the summary, as chance has it. Each
+    actor call is slowed by 0.3 s (no effect on the bytes) so that shards take long enough.
+    RAYAUG_SOAK_SEED replays a draw; the moments hit are printed (pytest -s / -rA).
+    """
+    source = tmp_path_factory.mktemp("soak-input")
+    planned = injection.make_input(source, count=SOAK_PHOTOS, seed=9)
+    out = tmp_path / "out"
+    data = injection.spec_data(source, out, concurrency=1)
+    clean = injection.clean_digests(tmp_path_factory, data)
+    spec = injection.write_spec(tmp_path / "job.yaml", data)
+    slow = {"slow_augment": {"seconds": 0.3}}
+    seed = int(os.environ.get("RAYAUG_SOAK_SEED", random.SystemRandom().randrange(2**32)))
+    draw = random.Random(seed)
+    moments: list[str] = []
+    drivers: list[injection.Driver] = []
+    try:
+        for kill in range(5):
+            # The first starts the job; every later one resumes it (`run` on its output).
+            before = _written(out)
+            driver = injection.start_driver(spec, ray_cluster, tmp_path / f"d{kill}.log", slow)
+            drivers.append(driver)
+            started = time.monotonic()
+            committed = len(_manifests(out)) if (out / "manifests").exists() else 0
+            left = SOAK_SHARDS - committed
+            if left <= 2 or draw.random() < 0.3:  # somewhere in start-up or planning
+                when = f"{draw.uniform(0.3, 3.0):.2f} s after start"
+                due = started + float(when.split()[0])
+                ready = lambda due=due: time.monotonic() >= due  # noqa: E731
+            else:  # a random time after this driver's k-th commit, the job not yet over:
+                # ~2 more shards commit while a kill is under way, and room is left for the
+                # later kills. (The summary, a few ms after the last commit, is hit only by
+                # chance; test_killed_during_final_summary hits it on purpose.)
+                k = draw.randint(1, max(1, left - 2 - 3 * (4 - kill)))
+                extra = draw.uniform(0.0, 0.4)
+                when = f"{extra:.2f} s after its commit {k} of {left}"
+                seen: list[float] = []
+
+                def ready(target=committed + k, extra=extra, seen=seen) -> bool:
+                    if not seen and len(_manifests(out)) >= target:
+                        seen.append(time.monotonic())
+                    return bool(seen) and time.monotonic() >= seen[0] + extra
+
+            deadline = started + 240
+            while not ready() and driver.alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert driver.alive() or driver.process.returncode == 0, driver.stderr()
+            driver.kill()
+            moments.append(f"kill {kill + 1}, {when}: {_moment(out, SOAK_SHARDS, before)}")
+        report = f"soak seed {seed}:\n  " + "\n  ".join(moments)
+        print(report)
+
+        final = injection.start_driver(spec, ray_cluster, tmp_path / "final.log")
+        drivers.append(final)
+        assert final.wait(timeout=300) == 0, f"{report}\n{final.stderr()}"
+    finally:
+        for driver in drivers:
+            driver.kill()
+    injection.assert_same_as_clean(out, planned, clean)
+    verdict = subprocess.run(
+        [str(Path(sys.executable).parent / "rayaug"), "inspect", str(out), "--verify"],
+        capture_output=True, text=True, timeout=300, env=injection.python_env(),
+    )
+    assert verdict.returncode == 0, f"{report}\n{verdict.stdout}{verdict.stderr}"

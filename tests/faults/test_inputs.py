@@ -388,6 +388,39 @@ def test_hostile_parquet_rows_and_duplicate_keys_across_units(
     assert outcome(out)[:2] == (rows, errors)
 
 
+def test_a_corrupt_parquet_page_quarantines_its_row_group_and_counts_in_the_budget(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """A real file, footer intact, one data page overwritten: that row group's rows are
+    quarantined (stage read), the unit's other rows are written, the budget counts them."""
+    from test_sources import corrupt_one_page
+
+    source = tmp_path / "in"
+    source.mkdir()
+    colours = [RED, GREEN, BLUE] * 4
+    pq.write_table(
+        pa.table({"id": [f"r{i:02d}" for i in range(12)],
+                  "image": pa.array([hostile.good_jpeg(c) for c in colours], pa.binary())}),
+        source / "a.parquet", row_group_size=4, use_dictionary=False,
+    )
+    corrupt_one_page(source / "a.parquet", group=1, column=1)
+    out = tmp_path / "out"
+    spec = make_spec(source, out, input={"key_column": "id"}, output={"shard_size": 6})
+    summary = run(spec)
+    assert summary.tally.quarantined == 4 * VIEWS  # counted, as any quarantined sample is
+    rows, errors, images = outcome(out)
+    bad = [f"r{i:02d}" for i in range(4, 8)]
+    good = [f"r{i:02d}" for i in range(12) if f"r{i:02d}" not in bad]
+    assert_accounted([*good, *bad], rows, errors)
+    for key in bad:
+        assert_quarantined(key, "read", ("unreadable Parquet row group 1 (rows 4-7)",), errors)
+    # Over budget: the same input stops the job, naming the reason.
+    strict = make_spec(source, tmp_path / "strict", input={"key_column": "id"},
+                       output={"shard_size": 6}, errors={"max_error_rate": 0.1})
+    with pytest.raises(Exception, match="error budget exceeded"):
+        run(strict)
+
+
 # ---------------------------------------------------------------- fault 7: the error budget
 
 
