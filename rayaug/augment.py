@@ -68,8 +68,14 @@ def pick_device(num_gpus: float) -> str:
 def _torch() -> ModuleType:
     """torch, loaded by the first step that needs it: an actor whose ops all run on OpenCV
     never loads torch and Kornia (~2 s of start-up and ~400 MB each). Every path into torch
-    (a tensor, a kernel, label targets) comes through here, so the thread count is set first."""
-    import torch
+    (a tensor, a Kornia kernel) comes through here, so the thread count is set first."""
+    try:
+        import torch
+    except ImportError:
+        raise ModuleNotFoundError(
+            "this needs the device path (torch and Kornia: pip install 'rayaug[gpu]'): a GPU, "
+            "or an image OpenCV cannot warp (one pixel wide or high, or a side over 32,767 px)"
+        ) from None
 
     torch.set_num_threads(TORCH_THREADS)
     return torch

@@ -471,13 +471,14 @@ def replay(out_uri: str, sample_id: str, target: str | None, endpoint: str | Non
     "--ship-deps/--no-ship-deps",
     default=True,
     show_default=True,
-    help="Install rayaug's requirements (pinned to this machine's versions, never Ray or torch) "
-    "with the job; --no-ship-deps for a cluster whose image has rayaug.",
+    help="Install rayaug's requirements (pinned to this machine's versions; never Ray, and torch "
+    "only with --ship-torch) with the job; --no-ship-deps for a cluster whose image has rayaug.",
 )
 @click.option(
     "--ship-torch",
     is_flag=True,
-    help="Ship this machine's torch version too (the cluster's index picks the build).",
+    help="Ship the device path too: this machine's torch and kornia versions (the cluster's "
+    "index picks the torch build). CPU jobs need neither.",
 )
 def submit(job_file: str, address: str, wait: bool, ship_deps: bool, ship_torch: bool) -> None:
     """Submit JOB_FILE to a Ray cluster through the Ray Jobs API."""

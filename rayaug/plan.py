@@ -20,8 +20,16 @@ def versions() -> dict[str, str]:
 
     rayaug's own is the running package's: a submitted job's rayaug travels as `py_modules`,
     with no installed distribution (no metadata) on the cluster."""
-    found = {name: version(name) for name in ("kornia", "torch", "pillow")}
+    found = {name: _version_or_absent(name) for name in ("kornia", "torch", "pillow")}
     return {"rayaug": rayaug.__version__} | found | {"opencv": _opencv_version()}
+
+
+def _version_or_absent(name: str) -> str:
+    """torch and Kornia are the device path's (the `gpu` extra): a CPU install has neither."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
 
 
 def _opencv_version() -> str:

@@ -32,7 +32,7 @@ def missing(modules: dict[str, str]) -> list[str]:
 def missing_line(dists: list[str]) -> str:
     """What a user reads: what is missing and the two ways to provide it."""
     # torch is never shipped by default (its build must match the cluster's CUDA).
-    torch = " (add --ship-torch for torch)" if "torch" in dists else ""
+    torch = " (add --ship-torch for torch and kornia)" if {"torch", "kornia"} & set(dists) else ""
     return (
         f"{MISSING_PREFIX}{', '.join(dists)}: submit without --no-ship-deps{torch} so that "
         "rayaug ships its requirements with the job, or install rayaug into the cluster's "

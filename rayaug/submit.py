@@ -96,7 +96,9 @@ def submit_job(
     with tempfile.TemporaryDirectory(prefix="rayaug-submit-") as working_dir:
         (Path(working_dir) / spec_name).write_text(dump_spec(resolved))
         (Path(working_dir) / preflight.REQUIREMENTS_FILE).write_text(
-            json.dumps(required_modules(), indent=1, sort_keys=True)
+            json.dumps(
+                required_modules(_needs_device_path(spec, ship_torch)), indent=1, sort_keys=True
+            )
         )
         runtime_env: dict = {
             "working_dir": working_dir,
@@ -169,29 +171,28 @@ def shipped_requirements(cluster_ray: str, *, ship_torch: bool = False) -> list[
 
     Ray itself is never installed: its extras rayaug needs (`ray[data]`) are asked for at the
     cluster's own version, which pip finds installed, so it adds only the extras' packages.
-    torch only with `ship_torch`, without a local build label (`2.13.0+cpu` → `2.13.0`): the
-    cluster's index decides the build.
+    The device path's torch and Kornia (the `gpu` extra) only with `ship_torch`, torch without
+    a local build label (`2.13.0+cpu` → `2.13.0`): the cluster's index decides the build.
     """
     lines = []
-    for requirement in _runtime_requirements():
+    for requirement in _runtime_requirements(ship_torch):
         name = canonicalize_name(requirement.name)
+        installed = Version(importlib.metadata.version(requirement.name)).public
         if name == "ray":
             if requirement.extras:
                 lines.append(f"ray[{','.join(sorted(requirement.extras))}]=={cluster_ray}")
-        elif name == "torch":
-            if ship_torch:
-                lines.append(f"torch=={Version(importlib.metadata.version('torch')).public}")
         else:
-            lines.append(f"{requirement.name}=={importlib.metadata.version(requirement.name)}")
+            lines.append(f"{requirement.name}=={installed}")
     return lines
 
 
-def required_modules() -> dict[str, str]:
+def required_modules(device_path: bool = False) -> dict[str, str]:
     """Distribution → the top-level module the preflight looks for, for every runtime
-    requirement of rayaug (torch included) and of the Ray extras it asks for, except Ray.
-    A distribution that provides no module here (a tool such as py-spy) is not looked for."""
+    requirement of rayaug (with `device_path`, torch and Kornia too) and of the Ray extras it
+    asks for, except Ray. A distribution that provides no module here (a tool such as py-spy)
+    is not looked for."""
     wanted: list[Requirement] = []
-    for requirement in _runtime_requirements():
+    for requirement in _runtime_requirements(device_path):
         if canonicalize_name(requirement.name) == "ray":
             for extra in sorted(requirement.extras):
                 wanted += _requirements_of("ray", extra)
@@ -201,9 +202,18 @@ def required_modules() -> dict[str, str]:
     return {dist: module for dist, module in modules.items() if module is not None}
 
 
-def _runtime_requirements() -> list[Requirement]:
-    """rayaug's declared requirements that apply here, without its optional extras."""
-    return _requirements_of("rayaug", "")
+def _runtime_requirements(device_path: bool) -> list[Requirement]:
+    """rayaug's declared requirements that apply here: its own, and with `device_path` its
+    `gpu` extra (torch, Kornia); never the tools of its other extras."""
+    return _requirements_of("rayaug", "") + (
+        _requirements_of("rayaug", "gpu") if device_path else []
+    )
+
+
+def _needs_device_path(spec: JobSpec, ship_torch: bool) -> bool:
+    """Whether the job's actors need torch and Kornia: GPUs asked for by number (with `auto`
+    the cluster decides, and an actor given a GPU without torch says so itself), or shipped."""
+    return ship_torch or (spec.execution.num_gpus != "auto" and spec.execution.num_gpus > 0)
 
 
 def _requirements_of(distribution: str, extra: str) -> list[Requirement]:
@@ -243,9 +253,8 @@ def _cluster_ray_version(client, url: str) -> str:
     import ray
 
     version = getattr(client, "_server_ray_version", None) or ray.__version__
-    needed = next(
-        (r for r in _runtime_requirements() if canonicalize_name(r.name) == "ray"), None
-    )
+    rays = (r for r in _runtime_requirements(False) if canonicalize_name(r.name) == "ray")
+    needed = next(rays, None)
     floor = min((Version(s.version) for s in needed.specifier), default=None) if needed else None
     if floor is not None and Version(version) < floor:
         raise UsageError(

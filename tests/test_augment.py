@@ -430,14 +430,17 @@ def test_the_source_data_is_never_modified(photos, device: str) -> None:
 
 
 # What a fresh CPU actor does: every op of the catalogue, the policies, the mixes and label
-# targets run on uint8 OpenCV kernels and never load torch (its import is ~2 s of actor
-# start-up and ~400 MB); only an image OpenCV cannot warp as Kornia does (one pixel wide or
-# high, or a side over 32,767) loads it.
+# targets run on uint8 OpenCV kernels, with torch and Kornia not even importable (a CPU
+# install has neither; their import would be ~2 s of actor start-up and ~400 MB); only an
+# image OpenCV cannot warp as Kornia does (one pixel wide or high, or a side over 32,767)
+# loads them.
 _FRESH_ACTOR = """
 import io
 import sys
+if not {one_pixel}:  # as if torch and Kornia were not installed (no `gpu` extra)
+    sys.modules["torch"] = sys.modules["kornia"] = None
+from pathlib import Path
 from PIL import Image
-from rayaug import sampledata
 from rayaug.augment import Augmenter
 from rayaug.partners import Partners
 from rayaug.records import SourceSample, Targets
@@ -446,10 +449,9 @@ from rayaug.spec import parse_spec
 
 ops = {ops}
 spec = parse_spec({{"input": {{"uri": "in"}}, "output": {{"uri": "out"}}, "ops": ops}})
-photos = list(sampledata.make_photos(4, seed=1, short_side=(64, 96)))
 sources = [
-    SourceSample(p.key, "mem://" + p.key, p.jpeg, p.label, targets=Targets([[2, 3, 30, 20]], [1]))
-    for p in photos
+    SourceSample(p.name, "mem://" + p.name, p.read_bytes(), "x", targets=Targets([[2, 3, 30, 20]], [1]))
+    for p in sorted(Path({folder!r}).glob("*.jpg"))
 ]
 if {one_pixel}:
     thin = io.BytesIO()
@@ -470,7 +472,7 @@ class AllSources(SourceIndex):
 
 output = Augmenter(spec, "cpu", Partners(AllSources())).augment(sources)
 assert len(output.samples) == 4, output.quarantined
-print("torch" in sys.modules)
+print(sys.modules.get("torch") is not None)
 """
 
 RECIPE_OPS = [
@@ -503,10 +505,12 @@ RECIPE_OPS = [
     ("one_pixel", "loads_torch"), [(False, False), (True, True)], ids=["photos", "a-1px-image"]
 )
 def test_a_cpu_augmenter_loads_torch_only_for_what_opencv_cannot_warp(
-    one_pixel: bool, loads_torch: bool
+    one_pixel: bool, loads_torch: bool, photos, tmp_path
 ) -> None:
+    for number, photo in enumerate(photos[:4]):
+        (tmp_path / f"{number}.jpg").write_bytes(photo.jpeg)
     ops = [op | {"p": 1.0} for op in RECIPE_OPS]
-    script = _FRESH_ACTOR.format(ops=repr(ops), one_pixel=one_pixel)
+    script = _FRESH_ACTOR.format(ops=repr(ops), one_pixel=one_pixel, folder=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(loads_torch)]

@@ -206,9 +206,10 @@ def ray_head() -> Iterator[Head]:
         yield head
 
 
-# A cluster image with Ray (and torch) but none of rayaug's other requirements. Built once per
-# version set under /tmp (about 40 s from a warm pip cache), reused while its stamp exists.
-PLAIN_REQUIREMENTS = ("ray[default]==2.60.0", "torch==2.13.0")
+# A cluster image with Ray and nothing of rayaug's requirements, not even torch: a CPU job
+# runs on OpenCV alone. Built once per version set under /tmp (from a warm pip cache), reused
+# while its stamp exists.
+PLAIN_REQUIREMENTS = ("ray[default]==2.60.0",)
 # Variables that would let the plain head see rayaug's venv or this checkout.
 NOT_FOR_THE_PLAIN_HEAD = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
 
@@ -223,9 +224,6 @@ def _plain_ray_venv() -> Path:
     # Built at its final path: a venv's scripts (bin/ray) name their python by absolute path.
     env = {k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_PLAIN_HEAD}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
-    # torch pinned in the same command: the CPU build from this machine's wheels, never the
-    # CUDA build and its GBs of nvidia wheels (ENVIRONMENT.md). torch is there because the
-    # usual cluster image has it, and rayaug never ships it by default.
     subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
          "--disable-pip-version-check", *PLAIN_REQUIREMENTS],
@@ -237,14 +235,15 @@ def _plain_ray_venv() -> Path:
 
 @pytest.fixture(scope="module")
 def plain_ray_head() -> Iterator[Head]:
-    """A head whose Python has Ray and torch only: the usual cluster image."""
+    """A head whose Python has Ray only."""
     venv = _plain_ray_venv()
-    probe = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import ray, torch, rich"],
-        env={k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_PLAIN_HEAD},
-        capture_output=True,
-    )
-    assert probe.returncode != 0, "the plain venv must not have rayaug's requirements (rich)"
+    for module in ("rich", "torch"):
+        probe = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", f"import ray, {module}"],
+            env={k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_PLAIN_HEAD},
+            capture_output=True,
+        )
+        assert probe.returncode != 0, f"the plain venv must not have {module}"
     with _head(venv / "bin", hide=NOT_FOR_THE_PLAIN_HEAD) as head:
         yield head
 
@@ -324,9 +323,9 @@ def test_a_plain_ray_head_without_shipped_requirements_says_what_is_missing(
     assert last.startswith("error: rayaug: this Ray cluster's Python lacks "), printed
     missing = last.split(":")[2]
     # Ray brings click, pydantic and pyyaml itself; the rest is rayaug's alone.
-    for dist in ("rich", "kornia", "opencv-python-headless", "pillow", "pyarrow", "pandas"):
+    for dist in ("rich", "opencv-python-headless", "pillow", "pyarrow", "pandas"):
         assert dist in missing, last
-    assert "torch" not in missing  # the plain image has torch
+    assert "torch" not in missing and "kornia" not in missing  # a CPU job needs neither
     assert "--no-ship-deps" in last and "cluster's image" in last
     assert not (tmp_path / "out").exists()
 
@@ -360,7 +359,7 @@ def test_a_plain_ray_head_runs_the_job_with_shipped_requirements(
     job_id = re.search(r"submitted (\S+) to ", result.stdout).group(1)
     pip = submit._client(plain_ray_head.url).get_job_info(job_id).runtime_env["pip"]
     names = [re.split(r"[\[=]", line)[0] for line in pip["packages"]]
-    assert "torch" not in names and "rich" in names and "kornia" in names
+    assert "rich" in names and "torch" not in names and "kornia" not in names
     assert "ray[data,default]==2.60.0" in pip["packages"]  # the cluster's own Ray: never installed
 
 
@@ -542,22 +541,23 @@ def test_shipped_requirements_are_pinned_and_leave_out_ray_and_torch() -> None:
     from importlib.metadata import version
 
     lines = submit.shipped_requirements("2.61.0")
-    assert f"kornia=={version('kornia')}" in lines
     assert f"opencv-python-headless=={version('opencv-python-headless')}" in lines
     assert "ray[data,default]==2.61.0" in lines  # the cluster's Ray: pip finds it installed
-    assert not [line for line in lines if line.startswith(("torch", "ray=", "pytest", "ruff"))]
+    unwanted = ("torch", "kornia", "ray=", "pytest", "ruff")
+    assert not [line for line in lines if line.startswith(unwanted)]  # CPU jobs: OpenCV only
     with_torch = submit.shipped_requirements("2.60.0", ship_torch=True)
-    assert [line for line in with_torch if line.startswith("torch==")] == [
-        f"torch=={version('torch').split('+')[0]}"  # no +cpu: the cluster's index picks
-    ]
+    assert f"torch=={version('torch').split('+')[0]}" in with_torch  # the cluster's index picks
+    assert f"kornia=={version('kornia')}" in with_torch
 
 
 def test_required_modules_map_distributions_to_imports() -> None:
     modules = submit.required_modules()
     assert modules["opencv-python-headless"] == "cv2"
     assert modules["pyyaml"] == "yaml" and modules["pillow"] == "PIL"
-    assert modules["torch"] == "torch" and modules["pandas"] == "pandas"  # ray[data]'s
-    assert "ray" not in modules
+    assert modules["pandas"] == "pandas"  # ray[data]'s
+    assert "ray" not in modules and "torch" not in modules and "kornia" not in modules
+    device_path = submit.required_modules(device_path=True)
+    assert device_path["torch"] == "torch" and device_path["kornia"] == "kornia"
 
 
 def test_preflight_names_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
