@@ -449,8 +449,9 @@ from rayaug.spec import parse_spec
 
 ops = {ops}
 spec = parse_spec({{"input": {{"uri": "in"}}, "output": {{"uri": "out"}}, "ops": ops}})
+box = Targets([[2, 3, 30, 20]], [1])
 sources = [
-    SourceSample(p.name, "mem://" + p.name, p.read_bytes(), "x", targets=Targets([[2, 3, 30, 20]], [1]))
+    SourceSample(p.name, "mem://" + p.name, p.read_bytes(), "x", targets=box)
     for p in sorted(Path({folder!r}).glob("*.jpg"))
 ]
 if {one_pixel}:
