@@ -268,6 +268,8 @@ class Augmenter:
     def _with_partners(self, item: _Item, output: ShardOutput) -> bool:
         """Fetch the item's partners, or quarantine it when a pick finds none usable. Outside
         the per-sample isolation: a storage failure fails the shard (see `partners`)."""
+        if self.partners is None:  # a job without mix ops
+            return True
         try:
             self._fetch_partners(item)
         except NoPartner as error:
