@@ -83,6 +83,18 @@ def manifest_view(location: Location) -> dict[str, tuple[str, str, int]]:
     return {r["sample_id"]: (r["sha256"], r["ops"], r["view"]) for r in rows}
 
 
+def assert_same_output(out: Location, reference: Location) -> None:
+    """A committed output equals the clean run's: it verifies, has the same samples with the
+    same parameters and bytes, and holds no orphan, lock or temporary."""
+    assert verify(outputs.recorded_output(out)) == []
+    assert manifest_view(out) == manifest_view(reference)
+    objects, expected = everything(out), everything(reference)
+    assert sorted(objects) == sorted(expected)
+    for path in expected:
+        if path.startswith("data/"):
+            assert objects[path] == expected[path], path
+
+
 @pytest.fixture
 def direct(s3: SeaweedS3) -> StorageSpec:
     """Storage settings that bypass the proxy: the oracle reads the server itself."""
@@ -204,12 +216,8 @@ def test_job_through_a_stalling_proxy_equals_a_clean_run(
     assert all(faults.get(kind, 0) > 0 for kind in STALLS), faults
     assert elapsed < 180, elapsed
     assert summary.tally.samples == len(photos) * VIEWS and summary.tally.quarantined == 0
-    out = open_location(spec.output.uri, direct)
-    assert verify(outputs.recorded_output(out)) == []
-    assert manifest_view(out) == manifest_view(open_location(clean.output.uri, StorageSpec()))
-    objects, expected = everything(out), everything(open_location(clean.output.uri, StorageSpec()))
-    assert sorted(objects) == sorted(expected)
-    assert all(objects[p] == expected[p] for p in expected if p.startswith("data/"))
+    reference = open_location(clean.output.uri, StorageSpec())
+    assert_same_output(open_location(spec.output.uri, direct), reference)
 
 
 @pytest.mark.slow
@@ -271,12 +279,7 @@ def test_a_job_whose_storage_keeps_hanging_stops_in_one_line_and_resumes(
     progress = RecordingProgress()
     run_job(resumed, RunOptions(), progress)
     assert progress.start == committed * 3 * VIEWS  # kept, not redone (shard_size 3)
-    assert verify(outputs.recorded_output(out)) == []
-    reference = open_location(clean.output.uri, StorageSpec())
-    assert manifest_view(out) == manifest_view(reference)
-    objects, expected = everything(out), everything(reference)
-    assert sorted(objects) == sorted(expected)  # no orphan, lock or temporary left
-    assert all(objects[p] == expected[p] for p in expected if p.startswith("data/"))
+    assert_same_output(out, open_location(clean.output.uri, StorageSpec()))
 
 
 @pytest.mark.slow
@@ -303,17 +306,9 @@ def test_job_through_a_flaky_proxy_equals_a_clean_run(
 
     # The oracle reads the server directly, not through the proxy.
     out = open_location(flaky.output.uri, direct)
-    reference = open_location(clean.output.uri, StorageSpec())
-    assert verify(outputs.recorded_output(out)) == []
     planned = {f"{photo.key}#{view}" for photo in photos for view in range(VIEWS)}
-    got = manifest_view(out)
-    assert set(got) == planned  # every planned sample exactly once, none quarantined
-    assert got == manifest_view(reference)  # same parameters, same bytes
-    objects, expected = everything(out), everything(reference)
-    assert sorted(objects) == sorted(expected)  # no orphan, no lock, no temporary left
-    for path in expected:
-        if path.startswith("data/"):
-            assert objects[path] == expected[path], path
+    assert set(manifest_view(out)) == planned  # every planned sample once, none quarantined
+    assert_same_output(out, open_location(clean.output.uri, StorageSpec()))
 
     verdict = CliRunner().invoke(
         main,
