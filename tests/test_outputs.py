@@ -44,7 +44,7 @@ def committed(tmp_path: Path, photos: list[SamplePhoto], fmt: str) -> Location:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset", "lance"])
 def test_reads_what_the_write_stage_committed(
     tmp_path: Path, photos: list[SamplePhoto], fmt: str
 ) -> None:

@@ -1,5 +1,5 @@
 """rayaug.sinks: output shards in the Parquet and WebDataset formats (rayaug.formats), quarantine
-files, manifests, in commit order.
+files, manifests, in commit order (Lance: tests/test_lance.py).
 
 Everything is checked by reading the objects back with the readers a user would use
 (pyarrow, the `webdataset` package), locally and on the session's S3 server.
@@ -88,13 +88,18 @@ def _recording(location: Location) -> RecordingLocation:
     )
 
 
-@pytest.fixture(params=["local", "s3"])
-def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
-    if request.param == "local":
+def output_at(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
+    """A recording output location, "local" or on the session's "s3" server."""
+    if where == "local":
         return _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=1)))
     request.getfixturevalue("s3")
     uri = f"s3://{BUCKET}/test-sinks-{uuid.uuid4().hex}"
     return _recording(open_location(uri, StorageSpec(retries=1)))
+
+
+@pytest.fixture(params=["local", "s3"])
+def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
+    return output_at(request.param, request, tmp_path)
 
 
 def _read_table(location: Location, relative: str):

@@ -140,7 +140,7 @@ BAD_FIELDS = [
     pytest.param(
         ("output", "format"),
         "tar",
-        "output.format: unknown format 'tar'; use one of: parquet, webdataset",
+        "output.format: unknown format 'tar'; use one of: parquet, webdataset, lance",
         id="output-format",
     ),
 ]

@@ -10,6 +10,7 @@ format names: what differs between formats is asked of the format.
 from __future__ import annotations
 
 from importlib import import_module
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from rayaug.errors import UsageError
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from rayaug.formats.base import InputFormat, OutputFormat
 
 INPUTS = ("parquet", "webdataset", "folder")  # the order `auto` looks for them in
-OUTPUTS = ("parquet", "webdataset")
+OUTPUTS = ("parquet", "webdataset", "lance")
 AUTO = "auto"  # input.format: detected from the listed files' extensions
 FALLBACK = "folder"  # what `auto` reads when no file is claimed by any input format
 
@@ -31,7 +32,7 @@ def output_format(name: str) -> OutputFormat:
     return _module(name, OUTPUTS, "output").OUTPUT
 
 
-def _module(name: str, names: tuple[str, ...], role: str):
+def _module(name: str, names: tuple[str, ...], role: str) -> ModuleType:
     if name not in names:
         raise UsageError(f"unknown {role} format {name!r} (known: {', '.join(names)})")
     module = f"{__name__}.{name}"
