@@ -142,9 +142,7 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
             startup = run.execute(pending, options, started)
         if run.tally.over_budget(spec.errors.max_error_rate, final=True):
             raise JobFailed(run.budget_message())
-        # The format's last step (Lance: its dataset version) sees every committed shard.
-        finish_output(out, spec.output, commit.committed_shards(out))
-        removed = _remove_orphans(spec, out)
+        removed = _finish(spec, out)
         wall = time.monotonic() - started
         summary = JobSummary(out.uri, run.tally, startup, wall, removed, plan.ignored)
         commit.write_json(out, commit.SUCCESS, summary.to_json())
@@ -451,8 +449,13 @@ class _ShardStage:
 # ---------------------------------------------------------------- end of the job
 
 
-def _remove_orphans(spec: JobSpec, out: Location) -> int:
-    found = orphans(out, spec.output, commit.committed_shards(out))
+def _finish(spec: JobSpec, out: Location) -> int:
+    """The end of a successful run, over every committed shard: the output format's last step
+    (Lance: the dataset version of exactly those shards), then the orphans are removed;
+    returns how many."""
+    committed = commit.committed_shards(out)
+    finish_output(out, spec.output, committed)
+    found = orphans(out, spec.output, committed)
     for path in found:
         out.delete(path)
     return len(found)

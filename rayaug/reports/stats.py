@@ -79,7 +79,7 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
     listed = input_format(output.plan.format).listed_labels(output.plan.units)
     if listed is not None:
         before = Counter(listed)
-        basis = "labels of the input listing"
+        basis = "folder labels of the input listing"
     else:
         before = _source_labels(table, errors)
         basis = "source keys in manifests and quarantine"
