@@ -133,9 +133,10 @@ class JobSpec(Model):
     @model_validator(mode="after")
     def _mixes_can_read_partners(self) -> JobSpec:
         for i, op in enumerate(self.ops):
-            refusal = formats.mix_refusal(self.input.format) if isinstance(op, MixOp) else None
-            if refusal is not None:
-                raise ValueError(f"ops[{i}]: {op.name}: {refusal}")
+            if isinstance(op, MixOp):
+                refusal = formats.mix_refusal(self.input.format, f"{op.name} picks")
+                if refusal is not None:
+                    raise ValueError(f"ops[{i}]: {refusal}")
             if isinstance(op, MixUp) and self.input.masks:
                 raise ValueError(
                     f"ops[{i}]: mixup cannot blend segmentation masks (input.masks is set); "

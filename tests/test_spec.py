@@ -169,9 +169,8 @@ def test_a_mix_on_an_input_without_random_access_is_refused(tmp_path: Path) -> N
     data["ops"].append({"name": "mixup"})
     messages = _errors(tmp_path, data).messages
     assert messages == [
-        "<root>: ops[4]: mixup: mix ops (mixup, cutmix, mosaic) pick partners from all sources, "
-        "which needs random access; webdataset input is read in sequence (use parquet or "
-        "folder input)"
+        "<root>: ops[4]: mixup picks partners from all sources, which needs random access; "
+        "webdataset input is read in sequence (use parquet or folder input)"
     ]
     data["input"]["format"] = "auto"  # judged once the input is listed (rayaug.plan)
     assert parse_spec(data).mixes

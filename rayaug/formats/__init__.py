@@ -56,15 +56,15 @@ def check_name(name: str, role: str) -> str:
     return name
 
 
-def mix_refusal(name: str) -> str | None:
-    """Why mix ops cannot run on input `name` (they pick partners from all sources by
+def mix_refusal(name: str, who: str = "mix ops (mixup, cutmix, mosaic) pick") -> str | None:
+    """Why mix ops cannot run on input `name` (`who` pick partners from all sources by
     position, which needs random access), or None. `auto` is judged once detected."""
     if name == AUTO or input_format(name).random_access:
         return None
     usable = " or ".join(n for n in INPUTS if input_format(n).random_access)
     return (
-        "mix ops (mixup, cutmix, mosaic) pick partners from all sources, which needs random "
-        f"access; {name} input is read in sequence (use {usable} input)"
+        f"{who} partners from all sources, which needs random access; {name} input is read "
+        f"in sequence (use {usable} input)"
     )
 
 
