@@ -95,8 +95,8 @@ class OutputFormat:
     """How one output format writes a shard's data and reads it back."""
 
     name: ClassVar[str]
-    folder: ClassVar[str]  # where its data objects lie: objects there that no shard vouches for
-    # are orphans
+    # Where its data objects lie: an object there that no committed shard vouches for is an orphan.
+    folder: ClassVar[str]
 
     def write(
         self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
