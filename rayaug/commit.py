@@ -7,6 +7,7 @@ of the running driver.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -15,6 +16,8 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
+
+import pyarrow.parquet as pq
 
 from rayaug.errors import RayaugError, UsageError
 from rayaug.storage import Location
@@ -42,6 +45,12 @@ def commit_shard(out: Location, shard: str, manifest: bytes) -> None:
     out.write_bytes(manifest_path(shard), manifest)
 
 
+def manifest_metadata(out: Location, shard: str) -> dict[str, str]:
+    """The file metadata of a committed shard's manifest: what its write recorded there."""
+    schema = pq.read_schema(io.BytesIO(out.read_bytes(manifest_path(shard))))
+    return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+
+
 def committed_shards(out: Location) -> set[str]:
     return {
         path.removeprefix("manifests/").removesuffix(".parquet")
@@ -50,11 +59,11 @@ def committed_shards(out: Location) -> set[str]:
     }
 
 
-def orphans(out: Location, keep: set[str]) -> list[str]:
-    """Objects under data/ and errors/ that no manifest vouches for: left by a crash (or a
-    partial local write), never counted, removed once the job succeeds."""
+def orphans(out: Location, keep: set[str], data: str = "data") -> list[str]:
+    """Objects under the `data` folder and errors/ that no manifest vouches for: left by a
+    crash (or a partial local write), never counted, removed once the job succeeds."""
     found = [
-        path for folder in ("data", "errors") for path, _ in out.list(folder) if path not in keep
+        path for folder in (data, "errors") for path, _ in out.list(folder) if path not in keep
     ]
     # A local write killed mid-way leaves its temp file (a manifest's commits nothing).
     return found + [

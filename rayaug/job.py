@@ -29,7 +29,7 @@ from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, versions
-from rayaug.sinks import ShardCommit, WriteContext, committed_objects, write_shard
+from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
 from rayaug.sources import SourceIndex, WorkUnit, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
@@ -142,7 +142,7 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
             startup = run.execute(pending, options, started)
         if run.tally.over_budget(spec.errors.max_error_rate, final=True):
             raise JobFailed(run.budget_message())
-        removed = _remove_orphans(spec, out)
+        removed = _finish(spec, out)
         wall = time.monotonic() - started
         summary = JobSummary(out.uri, run.tally, startup, wall, removed, plan.ignored)
         commit.write_json(out, commit.SUCCESS, summary.to_json())
@@ -449,9 +449,13 @@ class _ShardStage:
 # ---------------------------------------------------------------- end of the job
 
 
-def _remove_orphans(spec: JobSpec, out: Location) -> int:
-    keep = committed_objects(spec.output, commit.committed_shards(out))
-    found = commit.orphans(out, keep)
+def _finish(spec: JobSpec, out: Location) -> int:
+    """The end of a successful run, over every committed shard: the output format's last step
+    (Lance: the dataset version of exactly those shards), then the orphans are removed;
+    returns how many."""
+    committed = commit.committed_shards(out)
+    finish_output(out, spec.output, committed)
+    found = orphans(out, spec.output, committed)
     for path in found:
         out.delete(path)
     return len(found)

@@ -7,10 +7,8 @@ What the driver, replay, diff, the reports and the Python API share. Only commit
 from __future__ import annotations
 
 import io
-import json
-import tarfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,8 +18,9 @@ import pyarrow.parquet as pq
 
 from rayaug import commit
 from rayaug.errors import UsageError
+from rayaug.formats import output_format
 from rayaug.plan import JobPlan, recorded_spec
-from rayaug.sinks import ERRORS_SCHEMA, MANIFEST_SCHEMA, ShardCommit, data_path
+from rayaug.sinks import ERRORS_SCHEMA, MANIFEST_SCHEMA, ShardCommit
 from rayaug.spec import JobSpec
 from rayaug.storage import Location
 
@@ -141,23 +140,9 @@ def status_of(output: Output, shards: int, samples: int, quarantined: int) -> di
 
 
 def read_images(out: Location, spec: JobSpec, shard: str, masks: bool = False) -> dict[str, bytes]:
-    """sample_id → encoded image (or mask PNG) of one data shard, read as an ordinary reader
-    would: the Parquet column, or the WebDataset member."""
-    data = out.read_bytes(data_path(spec.output, shard))
-    if spec.output.format == "parquet":
-        column = "mask" if masks else "image"
-        table = pq.read_table(io.BytesIO(data), columns=["sample_id", column])
-        pairs = zip(
-            table.column("sample_id").to_pylist(), table.column(column).to_pylist(), strict=True
-        )
-        return {sample: value for sample, value in pairs if value is not None}
-    suffix = "mask.png" if masks else spec.output.extension
-    members: dict[str, dict[str, bytes]] = defaultdict(dict)
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for member in archive:
-            stem, _, extension = member.name.partition(".")
-            members[stem][extension] = archive.extractfile(member).read()
-    return {json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m}
+    """sample_id → encoded image (or mask PNG) of one committed shard's data, read as an
+    ordinary reader of its format would (the Parquet column, the WebDataset member, ...)."""
+    return output_format(spec.output.format).read_images(out, spec.output, shard, masks)
 
 
 def samples(output: Output) -> Iterator[tuple[dict, bytes]]:

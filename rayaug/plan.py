@@ -10,7 +10,9 @@ import yaml
 import rayaug
 from rayaug import commit
 from rayaug.errors import UsageError
-from rayaug.sources import Listing, WorkUnit, list_input
+from rayaug.formats import mix_refusal, output_format
+from rayaug.records import Listing, WorkUnit
+from rayaug.sources import list_input
 from rayaug.spec import JobSpec, dump_spec, fingerprint, parse_spec
 from rayaug.storage import Location
 
@@ -74,12 +76,11 @@ class JobPlan:
 
 
 def make_plan(spec: JobSpec, source: Location) -> JobPlan:
+    output_format(spec.output.format)  # usable here (its package installed) before anything
     listing: Listing = list_input(source, spec.input, spec.output.shard_size)
-    if spec.mixes and listing.format == "webdataset":
-        raise UsageError(
-            f"input {source.uri} is WebDataset: mix ops pick partners from all sources, which "
-            "needs random access, and tar shards are read in sequence (use Parquet or a folder)"
-        )
+    refusal = mix_refusal(listing.format) if spec.mixes else None
+    if refusal is not None:
+        raise UsageError(f"input {source.uri}: {refusal}")
     files = [f"{path}:{size}" for path, size in listing.files]
     digest = fingerprint(spec, files, versions())
     return JobPlan(listing.format, listing.units, listing.ignored, digest)

@@ -124,3 +124,29 @@ class ShardOutput:
     sources: int = 0
     samples: list[AugmentedSample] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """The input covered by one output shard; its name depends only on the input listing."""
+
+    shard: str
+    files: tuple[str, ...]  # relative to the input root
+    rows: tuple[int, int] | None = None  # Parquet: [start, stop) rows of files[0]
+    planned: int | None = None  # source images, when known without reading (not for tar)
+    # Parquet with a key column: rows of this unit whose key an earlier row (of any unit)
+    # already has, as (offset in the unit, copy number, file of the first copy, its row).
+    duplicates: tuple[tuple[int, int, str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What the input holds: the format, its work units and its files (for the fingerprint)."""
+
+    format: str
+    units: list[WorkUnit]
+    files: list[tuple[str, int]]
+    ignored: int  # files in an image folder that are not images (reported, not read)

@@ -1,28 +1,26 @@
-"""The write stage: an output shard (Parquet or WebDataset tar), its quarantine file, its manifest.
+"""The write stage: a shard's data (through its output format), quarantine file and manifest.
 
 Order is the commit protocol: data, then errors, then the manifest, whose existence commits
-the shard. Every object is deterministic in its content, so a retried shard overwrites the
-same names with the same bytes.
+the shard; the manifest's file metadata keeps what the format recorded of the data (Lance: its
+fragments). Parquet and WebDataset data are deterministic in content, so a retried shard
+overwrites the same names with the same bytes.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rayaug import commit
+from rayaug.formats import output_format
+from rayaug.formats.base import SOFT_LABEL, parquet_bytes
 from rayaug.records import AugmentedSample, Quarantined, ShardOutput
 from rayaug.spec import OutputSpec
 from rayaug.storage import Location
 
-# After a mix op: each label's share of the sample (null when no mix was applied).
-SOFT_LABEL = pa.list_(pa.struct([("label", pa.string()), ("weight", pa.float64())]))
 MANIFEST_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
@@ -44,20 +42,6 @@ MANIFEST_SCHEMA = pa.schema(
         ("rayaug_version", pa.string()),
         ("kornia_version", pa.string()),
         ("targets", pa.string()),
-        ("soft_label", SOFT_LABEL),
-    ]
-)
-DATA_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("image", pa.binary()),
-        ("label", pa.string()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("boxes", pa.list_(pa.list_(pa.float64()))),  # [x0, y0, x1, y1] per box
-        ("classes", pa.list_(pa.int32())),
-        ("keypoints", pa.list_(pa.list_(pa.float64()))),  # [x, y, visibility]
-        ("mask", pa.binary()),  # PNG of class ids
         ("soft_label", SOFT_LABEL),
     ]
 )
@@ -95,91 +79,37 @@ class ShardCommit:
     reasons: dict[str, int]
 
 
-def data_path(output: OutputSpec, shard: str) -> str:
-    return f"data/{shard}.{'parquet' if output.format == 'parquet' else 'tar'}"
-
-
-def committed_objects(output: OutputSpec, shards: set[str]) -> set[str]:
-    """The data and quarantine objects that committed shards vouch for (all others are orphans)."""
-    return {data_path(output, s) for s in shards} | {commit.errors_path(s) for s in shards}
+def orphans(out: Location, output: OutputSpec, shards: set[str]) -> list[str]:
+    """The data and quarantine objects that no committed shard of `shards` vouches for."""
+    fmt = output_format(output.format)
+    keep = {path for shard in shards for path in fmt.data_objects(out, shard)}
+    keep |= {commit.errors_path(s) for s in shards}
+    return commit.orphans(out, keep, fmt.folder)
 
 
 def write_shard(
     out: Location, shard: str, result: ShardOutput, context: WriteContext
 ) -> ShardCommit:
     """Write one shard's objects in commit order; returns once the shard is committed."""
-    out.write_bytes(data_path(context.output, shard), _data_bytes(result.samples, shard, context))
+    record = output_format(context.output.format).write(out, shard, result.samples, context.output)
     if result.quarantined:
         errors = _table([_error_row(q, shard) for q in result.quarantined], ERRORS_SCHEMA)
-        out.write_bytes(commit.errors_path(shard), _parquet_bytes(errors))
+        out.write_bytes(commit.errors_path(shard), parquet_bytes(errors))
     rows = [
         _manifest_row(s, shard, i, result.device, context) for i, s in enumerate(result.samples)
     ]
     manifest = _table(rows, MANIFEST_SCHEMA).replace_schema_metadata(
-        {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(context.views)}
+        {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(context.views)} | record
     )
-    commit.commit_shard(out, shard, _parquet_bytes(manifest))
+    commit.commit_shard(out, shard, parquet_bytes(manifest))
     reasons = Counter(f"{q.stage}: {q.error_class}" for q in result.quarantined)
     return ShardCommit(shard, len(result.samples), len(result.quarantined), dict(reasons))
 
 
-def _data_bytes(samples: list[AugmentedSample], shard: str, context: WriteContext) -> bytes:
-    if context.output.format == "parquet":
-        rows = [
-            {
-                "sample_id": s.sample_id,
-                "image": s.image,
-                "label": s.label,
-                "width": s.width,
-                "height": s.height,
-                **_target_columns(s),
-                "soft_label": s.soft_label_rows,
-            }
-            for s in samples
-        ]
-        # Encoded images do not compress: zstd over them would only cost CPU.
-        return _parquet_bytes(_table(rows, DATA_SCHEMA), compression="none")
-    return _tar_bytes(samples, shard, context.output.extension)
-
-
-def _target_columns(sample: AugmentedSample) -> dict:
-    targets = sample.targets
-    if targets is None:
-        return {"boxes": None, "classes": None, "keypoints": None, "mask": None}
-    return {
-        "boxes": targets.boxes,
-        "classes": targets.classes,
-        "keypoints": targets.keypoints,
-        "mask": targets.mask,
-    }
-
-
-def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> bytes:
-    """WebDataset members `<shard>-<index>.{ext,txt,json,mask.png}`; fixed metadata: same bytes."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-        for index, sample in enumerate(samples):
-            stem = f"{shard}-{index:06d}"
-            meta = {
-                "sample_id": sample.sample_id,
-                "source_key": sample.source_key,
-                "view": sample.view,
-                "label": sample.label,
-            }
-            if sample.soft_label is not None:
-                meta["soft_label"] = sample.soft_label_rows
-            if sample.targets is not None:
-                meta |= {k: v for k, v in sample.targets.to_json().items() if k != "mask"}
-            members = [(extension, sample.image), ("json", json.dumps(meta).encode())]
-            if sample.label is not None:  # text, not `.cls`: webdataset would int() a `.cls`
-                members.insert(1, ("txt", sample.label.encode()))
-            if sample.targets is not None and sample.targets.mask is not None:
-                members.append(("mask.png", sample.targets.mask))
-            for suffix, payload in members:
-                info = tarfile.TarInfo(f"{stem}.{suffix}")
-                info.size, info.mode, info.mtime = len(payload), 0o644, 0
-                archive.addfile(info, io.BytesIO(payload))
-    return buffer.getvalue()
+def finish_output(out: Location, output: OutputSpec, shards: set[str]) -> None:
+    """The driver, once every shard is committed: the format's last step (Lance commits the
+    dataset version of exactly these shards' fragments)."""
+    output_format(output.format).finish(out, shards)
 
 
 def _manifest_row(
@@ -223,9 +153,3 @@ def _error_row(quarantined: Quarantined, shard: str) -> dict:
 
 def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
-
-
-def _parquet_bytes(table: pa.Table, compression: str = "zstd") -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression=compression)
-    return buffer.getvalue()

@@ -11,6 +11,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rayaug import formats
 from rayaug.errors import SpecError
 from rayaug.ops import MixOp, MixUp, Resize
 from rayaug.policies import PipelineOp
@@ -26,7 +27,7 @@ class Model(BaseModel):
 
 class InputSpec(Model):
     uri: str = Field(min_length=1)
-    format: Literal["auto", "folder", "parquet", "webdataset"] = "auto"
+    format: str = Field(formats.AUTO, description="an input format's name, or auto")
     image_column: str = "image"
     label_column: str | None = "label"
     key_column: str | None = None
@@ -37,10 +38,15 @@ class InputSpec(Model):
     masks: str | None = Field(None, description="mask PNG tree mirroring the image folder")
     box_format: Literal["xyxy", "xywh"] = "xyxy"
 
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        return formats.check_name(value, "input")
+
 
 class OutputSpec(Model):
     uri: str = Field(min_length=1)
-    format: Literal["parquet", "webdataset"] = "parquet"
+    format: str = Field("parquet", description="an output format's name")
     image_format: Literal["jpeg", "png", "webp"] = "jpeg"
     quality: int = Field(90, ge=1, le=100)
     size: tuple[int, int] | None = Field(
@@ -52,6 +58,11 @@ class OutputSpec(Model):
     def extension(self) -> str:
         """The file extension of an output image (a WebDataset member's suffix)."""
         return {"jpeg": "jpg", "png": "png", "webp": "webp"}[self.image_format]
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        return formats.check_name(value, "output")
 
     @field_validator("size", mode="before")
     @classmethod
@@ -122,11 +133,10 @@ class JobSpec(Model):
     @model_validator(mode="after")
     def _mixes_can_read_partners(self) -> JobSpec:
         for i, op in enumerate(self.ops):
-            if isinstance(op, MixOp) and self.input.format == "webdataset":
-                raise ValueError(
-                    f"ops[{i}]: {op.name} picks partners from all sources, which needs random "
-                    "access; WebDataset tar shards are read in sequence (use Parquet or a folder)"
-                )
+            if isinstance(op, MixOp):
+                refusal = formats.mix_refusal(self.input.format, f"{op.name} picks")
+                if refusal is not None:
+                    raise ValueError(f"ops[{i}]: {refusal}")
             if isinstance(op, MixUp) and self.input.masks:
                 raise ValueError(
                     f"ops[{i}]: mixup cannot blend segmentation masks (input.masks is set); "

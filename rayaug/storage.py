@@ -12,7 +12,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
@@ -77,6 +77,9 @@ class Location:
     fs: pafs.FileSystem
     root: str
     attempts: int
+    # The same endpoint and region for an engine that opens `uri` itself (Lance's object store,
+    # in its option names); credentials stay in the environment, as for pyarrow.
+    storage_options: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def is_local(self) -> bool:
@@ -161,7 +164,8 @@ class Location:
         retrying(remove, f"deleting {self.uri_of(relative)}", self.attempts)
 
 
-def _s3_filesystem(storage: StorageSpec) -> pafs.S3FileSystem:
+def _s3_filesystem(storage: StorageSpec) -> tuple[pafs.S3FileSystem, dict[str, str]]:
+    """pyarrow's S3 filesystem, and the same endpoint and region as object-store options."""
     endpoint = (
         storage.endpoint
         or os.environ.get("AWS_ENDPOINT_URL_S3")
@@ -179,12 +183,16 @@ def _s3_filesystem(storage: StorageSpec) -> pafs.S3FileSystem:
         "request_timeout": storage.request_timeout,
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
     }
+    store = {"region": region}
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         if not parsed.hostname:
             raise UsageError(f"storage.endpoint {endpoint!r} is not a URL like http://host:port")
         options |= {"endpoint_override": parsed.netloc, "scheme": parsed.scheme}
-    return pafs.S3FileSystem(**options)
+        store |= {"endpoint": f"{parsed.scheme}://{parsed.netloc}"}
+        if parsed.scheme == "http":
+            store |= {"allow_http": "true"}
+    return pafs.S3FileSystem(**options), store
 
 
 def open_location(uri: str, storage: StorageSpec) -> Location:
@@ -195,7 +203,8 @@ def open_location(uri: str, storage: StorageSpec) -> Location:
         if not parsed.netloc:
             raise UsageError(f"{uri!r} names no bucket: use s3://BUCKET/PREFIX")
         root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
-        return Location(uri.rstrip("/"), _s3_filesystem(storage), root, attempts)
+        filesystem, store = _s3_filesystem(storage)
+        return Location(uri.rstrip("/"), filesystem, root, attempts, store)
     if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
         raise UsageError(f"{uri!r}: file:// URIs name no host (use file:///path)")
     if parsed.scheme in ("", "file"):

@@ -12,9 +12,10 @@ from test_sinks import VERSIONS, _result
 
 from rayaug import commit, outputs
 from rayaug.errors import UsageError
+from rayaug.formats import output_format
 from rayaug.plan import JobPlan
 from rayaug.sampledata import SamplePhoto
-from rayaug.sinks import WriteContext, data_path, write_shard
+from rayaug.sinks import WriteContext, write_shard
 from rayaug.sources import WorkUnit
 from rayaug.spec import StorageSpec, dump_spec, parse_spec
 from rayaug.storage import Location, open_location
@@ -43,7 +44,7 @@ def committed(tmp_path: Path, photos: list[SamplePhoto], fmt: str) -> Location:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset", "lance"])
 def test_reads_what_the_write_stage_committed(
     tmp_path: Path, photos: list[SamplePhoto], fmt: str
 ) -> None:
@@ -83,7 +84,7 @@ def test_a_committed_sample_missing_from_its_data_is_an_error(
 ) -> None:
     out = committed(tmp_path, photos, "parquet")
     output = outputs.recorded_output(out)
-    path = tmp_path / "out" / data_path(output.spec.output, SHARDS[0])
+    path = tmp_path / "out" / output_format("parquet").data_path(SHARDS[0])
     pq.write_table(pq.read_table(path).slice(1), path)  # one image lost after its commit
     with pytest.raises(UsageError, match="is committed but missing from its data shard"):
         list(outputs.samples(output))

@@ -1,4 +1,5 @@
-"""rayaug.sinks: output shards in both formats, quarantine files, manifests, in commit order.
+"""rayaug.sinks: output shards in the Parquet and WebDataset formats (rayaug.formats), quarantine
+files, manifests, in commit order (Lance: tests/test_lance.py).
 
 Everything is checked by reading the objects back with the readers a user would use
 (pyarrow, the `webdataset` package), locally and on the session's S3 server.
@@ -21,9 +22,10 @@ from conftest import BUCKET
 from PIL import Image
 
 from rayaug import commit
+from rayaug.formats import output_format
 from rayaug.records import AugmentedSample, Quarantined, ShardOutput, sample_seed
 from rayaug.sampledata import SamplePhoto
-from rayaug.sinks import WriteContext, data_path, write_shard
+from rayaug.sinks import WriteContext, write_shard
 from rayaug.spec import OutputSpec, StorageSpec
 from rayaug.storage import Location, open_location
 
@@ -81,16 +83,23 @@ class RecordingLocation(Location):
 
 
 def _recording(location: Location) -> RecordingLocation:
-    return RecordingLocation(location.uri, location.fs, location.root, location.attempts)
+    return RecordingLocation(
+        location.uri, location.fs, location.root, location.attempts, location.storage_options
+    )
 
 
-@pytest.fixture(params=["local", "s3"])
-def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
-    if request.param == "local":
+def output_at(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
+    """A recording output location, "local" or on the session's "s3" server."""
+    if where == "local":
         return _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=1)))
     request.getfixturevalue("s3")
     uri = f"s3://{BUCKET}/test-sinks-{uuid.uuid4().hex}"
     return _recording(open_location(uri, StorageSpec(retries=1)))
+
+
+@pytest.fixture(params=["local", "s3"])
+def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
+    return output_at(request.param, request, tmp_path)
 
 
 def _read_table(location: Location, relative: str):
@@ -138,7 +147,7 @@ def test_parquet_shard(out: RecordingLocation, photos: list[SamplePhoto]) -> Non
     assert committed.reasons == {"decode: DecodeError": 2}
     assert commit.committed_shards(out) == {SHARD}
 
-    data = _read_table(out, data_path(output, SHARD))
+    data = _read_table(out, output_format(output.format).data_path(SHARD))
     assert {"sample_id", "image", "label"} <= set(data.column_names)
     rows = data.to_pylist()
     assert [r["sample_id"] for r in rows] == [s.sample_id for s in result.samples]
@@ -161,7 +170,7 @@ def test_webdataset_shard(
 
     local_copy = tmp_path / "copy" / f"{SHARD}.tar"  # webdataset reads it like any shard
     local_copy.parent.mkdir()
-    local_copy.write_bytes(out.read_bytes(data_path(output, SHARD)))
+    local_copy.write_bytes(out.read_bytes(output_format(output.format).data_path(SHARD)))
     raw = list(wds.WebDataset(str(local_copy), shardshuffle=False))
     decoded = list(wds.WebDataset(str(local_copy), shardshuffle=False).decode("pil"))
     assert len(decoded) == len(result.samples)
@@ -194,11 +203,11 @@ def test_a_soft_label_reaches_the_shard_and_the_manifest(
     manifest = _read_table(out, f"manifests/{SHARD}.parquet").to_pylist()
     assert [row["soft_label"] for row in manifest] == [expected, None]
     if fmt == "parquet":
-        data = _read_table(out, data_path(output, SHARD)).to_pylist()
+        data = _read_table(out, output_format(output.format).data_path(SHARD)).to_pylist()
         assert [row["soft_label"] for row in data] == [expected, None]
     else:
         local_copy = tmp_path / f"{SHARD}.tar"
-        local_copy.write_bytes(out.read_bytes(data_path(output, SHARD)))
+        local_copy.write_bytes(out.read_bytes(output_format(output.format).data_path(SHARD)))
         shard = wds.WebDataset(str(local_copy), shardshuffle=False).decode()
         metas = [item["json"] for item in shard]
         assert metas[0]["soft_label"] == expected and "soft_label" not in metas[1]

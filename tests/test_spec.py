@@ -131,6 +131,18 @@ BAD_FIELDS = [
     pytest.param(("storage", "request_timeout"), 0, "storage.request_timeout: ", id="deadline"),
     pytest.param(("storage", "connect_timeout"), -1, "storage.connect_timeout: ", id="connect"),
     pytest.param(("tranforms",), [], "tranforms: Extra inputs are not permitted", id="top-level"),
+    pytest.param(
+        ("input", "format"),
+        "tfrecord",
+        "input.format: unknown format 'tfrecord'; use one of: auto, parquet, webdataset, folder",
+        id="input-format",
+    ),
+    pytest.param(
+        ("output", "format"),
+        "tar",
+        "output.format: unknown format 'tar'; use one of: parquet, webdataset, lance",
+        id="output-format",
+    ),
 ]
 
 
@@ -150,6 +162,18 @@ def test_unknown_op_name_is_reported_at_its_index(tmp_path: Path) -> None:
     assert len(messages) == 1
     assert messages[0].startswith("ops[1]: ") and "'horizontal_flipp'" in messages[0]
     assert "'horizontal_flip'" in messages[0]  # the valid names are listed
+
+
+def test_a_mix_on_an_input_without_random_access_is_refused(tmp_path: Path) -> None:
+    data = _spec(input={"uri": "data/in", "format": "webdataset"})
+    data["ops"].append({"name": "mixup"})
+    messages = _errors(tmp_path, data).messages
+    assert messages == [
+        "<root>: ops[4]: mixup picks partners from all sources, which needs random access; "
+        "webdataset input is read in sequence (use parquet or folder input)"
+    ]
+    data["input"]["format"] = "auto"  # judged once the input is listed (rayaug.plan)
+    assert parse_spec(data).mixes
 
 
 def test_missing_input_uri(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pyarrow as pa
 
+from rayaug.formats import input_format
 from rayaug.outputs import Output
 from rayaug.reports.summary import applied_values
 from rayaug.spec import JobSpec
@@ -70,14 +71,14 @@ def _histogram(values: list[float], bins: int) -> dict:
 def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
     """Class counts of the source images (before) against those of the output samples (after).
 
-    Sources: for an image folder, every planned file's sub-folder (the input listing); else the
-    distinct source keys of the manifest and the quarantine (a source quarantined in every view
-    has no known label: `null`). `kept` is samples / (sources x views).
+    Sources: the labels the input listing tells (an image folder: every planned file's
+    sub-folder); else the distinct source keys of the manifest and the quarantine (a source
+    quarantined in every view has no known label: `null`). `kept` is samples / (sources x views).
     """
     views = output.spec.views
-    if output.plan.format == "folder":
-        files = [path for unit in output.plan.units for path in unit.files]
-        before = Counter(path.split("/", 1)[0] if "/" in path else None for path in files)
+    listed = input_format(output.plan.format).listed_labels(output.plan.units)
+    if listed is not None:
+        before = Counter(listed)
         basis = "folder labels of the input listing"
     else:
         before = _source_labels(table, errors)

@@ -9,8 +9,9 @@ from collections import Counter, defaultdict
 import pyarrow as pa
 
 from rayaug import commit
+from rayaug.formats import output_format
 from rayaug.outputs import Output, errors_of, manifest_of, read_images, status_of
-from rayaug.sinks import SOURCES_KEY, committed_objects
+from rayaug.sinks import SOURCES_KEY, orphans
 
 
 def summary(output: Output, table: pa.Table, errors: pa.Table) -> dict:
@@ -87,10 +88,11 @@ def verify(output: Output) -> list[str]:
     for shard in sorted(committed):
         breaches += _verify_shard(output, shard, planned.get(shard), seen)
     breaches += [f"sample {s} appears {n} times" for s, n in seen.items() if n > 1]
-    keep = committed_objects(spec.output, committed)
-    breaches += [f"orphan object {p}" for p in commit.orphans(out, keep)]
+    breaches += [f"orphan object {p}" for p in orphans(out, spec.output, committed)]
     if not out.exists(commit.SUCCESS):
         breaches.append("no _SUCCESS: the job has not finished")
+    else:
+        breaches += output_format(spec.output.format).breaches(out, committed)
     return breaches
 
 

@@ -208,18 +208,18 @@ def _driver_pause_before_write(settings: dict) -> None:
 
 
 def _driver_pause_in_summary(settings: dict) -> None:
-    """The driver stops in its final summary: every manifest written, no orphan removed yet,
-    no `_SUCCESS`."""
+    """The driver stops in its final summary: every manifest written, no orphan removed yet
+    (nor a Lance dataset version committed), no `_SUCCESS`."""
     from rayaug import job
 
-    original = job._remove_orphans
+    original = job._finish
 
     def paused(spec, out):
         if claim(settings["marker"], stage="remove_orphans"):
             _pause("in the final summary")
         return original(spec, out)
 
-    job._remove_orphans = paused
+    job._finish = paused
 
 
 DRIVER_FAULTS = {

@@ -1,0 +1,221 @@
+"""What a format is (the two small interfaces) and what the formats share.
+
+An input format turns the listed files into work units, reads a unit's source samples, reads
+the samples of one source object (replay), and, when it has random access, reads a source by
+its position (mix partners). An output format writes a shard's data and returns the record the
+shard's manifest keeps of it, names the objects a committed shard's data is, reads a shard's
+images back, and may finish the output once every shard is committed (Lance commits its
+dataset version there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, ClassVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayaug.errors import UsageError
+from rayaug.records import AugmentedSample, Listing, SourceSample, Targets, WorkUnit
+
+if TYPE_CHECKING:
+    from rayaug.spec import InputSpec, OutputSpec
+    from rayaug.storage import Location
+
+TARGET_COLUMNS = ("boxes", "classes", "keypoints")  # Parquet input; plus a `mask` PNG column
+# After a mix op: each label's share of the sample (null when no mix was applied).
+SOFT_LABEL = pa.list_(pa.struct([("label", pa.string()), ("weight", pa.float64())]))
+# The rows of a table-shaped data shard (Parquet, Lance): one per sample.
+DATA_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("image", pa.binary()),
+        ("label", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("boxes", pa.list_(pa.list_(pa.float64()))),  # [x0, y0, x1, y1] per box
+        ("classes", pa.list_(pa.int32())),
+        ("keypoints", pa.list_(pa.list_(pa.float64()))),  # [x, y, visibility]
+        ("mask", pa.binary()),  # PNG of class ids
+        ("soft_label", SOFT_LABEL),
+    ]
+)
+
+# A source read by its position in the plan: (its unit, its offset in the unit) → the sample.
+PositionReader = Callable[[WorkUnit, int], SourceSample]
+
+
+class InputFormat:
+    """How one input format is planned and read."""
+
+    name: ClassVar[str]
+    extensions: ClassVar[frozenset[str]]  # of the files it reads
+    random_access: ClassVar[bool] = False  # can a source be read by position (mix partners)?
+
+    def claims(self, path: str) -> bool:
+        """Whether a listed file is this format's (what `auto` detects, and what is read)."""
+        return extension(path) in self.extensions
+
+    def plan(
+        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+    ) -> Listing:
+        """The work units of at most `shard_size` sources over the listed (path, size) files."""
+        raise NotImplementedError
+
+    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
+        """Every source sample of one unit, in a stable order."""
+        raise NotImplementedError
+
+    def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:
+        """The samples of one source object (a file, a Parquet file, a tar): what replay
+        searches for a recorded key."""
+        raise NotImplementedError
+
+    def positions(self, location: Location, spec: InputSpec) -> PositionReader:
+        """Random access (only where `random_access`): a reader of sources by position."""
+        raise NotImplementedError
+
+    def listed_labels(self, units: list[WorkUnit]) -> list[str | None] | None:
+        """Every planned source's label, when the listing alone tells it; else None."""
+        return None
+
+    def chosen(self, location: Location, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The listed files this format reads; UsageError when there are none."""
+        chosen = [(path, size) for path, size in files if self.claims(path)]
+        if not chosen:
+            wanted = "/".join(f".{e}" for e in sorted(self.extensions))
+            raise UsageError(f"input {location.uri} holds no {wanted} files (format: {self.name})")
+        return chosen
+
+
+class OutputFormat:
+    """How one output format writes a shard's data and reads it back."""
+
+    name: ClassVar[str]
+    # Where its data objects lie: an object there that no committed shard vouches for is an orphan.
+    folder: ClassVar[str]
+
+    def write(
+        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+    ) -> dict[str, str]:
+        """Write a shard's data, whole; returns what the shard's manifest records of it (in its
+        file metadata), so that the committed manifest is enough to find the data."""
+        raise NotImplementedError
+
+    def data_objects(self, out: Location, shard: str) -> set[str]:
+        """The objects (relative to the output) of a committed shard's data."""
+        raise NotImplementedError
+
+    def read_images(
+        self, out: Location, output: OutputSpec, shard: str, masks: bool = False
+    ) -> dict[str, bytes]:
+        """sample_id → encoded image (or mask PNG) of one committed shard, read as an ordinary
+        reader of the format would."""
+        raise NotImplementedError
+
+    def finish(self, out: Location, shards: set[str]) -> None:
+        """The driver, once `shards` are all the committed shards of a finished job."""
+
+    def breaches(self, out: Location, shards: set[str]) -> list[str]:
+        """What `verify` finds wrong with the format's own records of a finished output."""
+        return []
+
+
+class ShardFile(OutputFormat):
+    """An output format that writes each shard as one object, `data/<shard>.<extension>`:
+    a retried shard overwrites it with the same bytes."""
+
+    folder = "data"
+    extension: ClassVar[str]
+
+    def data_path(self, shard: str) -> str:
+        return f"{self.folder}/{shard}.{self.extension}"
+
+    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def write(
+        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+    ) -> dict[str, str]:
+        out.write_bytes(self.data_path(shard), self.encode(samples, shard, output))
+        return {}
+
+    def data_objects(self, out: Location, shard: str) -> set[str]:
+        return {self.data_path(shard)}
+
+    def read_images(
+        self, out: Location, output: OutputSpec, shard: str, masks: bool = False
+    ) -> dict[str, bytes]:
+        return self.decode(out.read_bytes(self.data_path(shard)), output, masks)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def extension(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}"
+
+
+def with_targets(sample: SourceSample, targets: Callable[[], Targets | None]) -> SourceSample:
+    """The sample with its targets; targets that do not parse quarantine it (at read)."""
+    if sample.error is not None:
+        return sample
+    try:
+        return dataclasses.replace(sample, targets=targets())
+    except (ValueError, TypeError, KeyError) as error:
+        return dataclasses.replace(sample, data=None, error=f"bad label targets: {error}")
+
+
+def data_table(samples: list[AugmentedSample]) -> pa.Table:
+    """The rows of a table-shaped data shard (DATA_SCHEMA), in sample order."""
+    rows = [
+        {
+            "sample_id": s.sample_id,
+            "image": s.image,
+            "label": s.label,
+            "width": s.width,
+            "height": s.height,
+            **_target_columns(s),
+            "soft_label": s.soft_label_rows,
+        }
+        for s in samples
+    ]
+    return pa.Table.from_pylist(rows, schema=DATA_SCHEMA)
+
+
+def _target_columns(sample: AugmentedSample) -> dict:
+    targets = sample.targets
+    if targets is None:
+        return {"boxes": None, "classes": None, "keypoints": None, "mask": None}
+    return {
+        "boxes": targets.boxes,
+        "classes": targets.classes,
+        "keypoints": targets.keypoints,
+        "mask": targets.mask,
+    }
+
+
+def images_of(table: pa.Table, masks: bool) -> dict[str, bytes]:
+    """sample_id → image (or mask) of a table-shaped data shard's rows (nulls left out)."""
+    column = "mask" if masks else "image"
+    pairs = zip(
+        table.column("sample_id").to_pylist(), table.column(column).to_pylist(), strict=True
+    )
+    return {sample: value for sample, value in pairs if value is not None}
+
+
+def parquet_bytes(table: pa.Table, compression: str = "zstd") -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression=compression)
+    return buffer.getvalue()

@@ -1,0 +1,125 @@
+"""Output: one Lance dataset, `data.lance/` under the output, with the rows of DATA_SCHEMA.
+
+Each shard's actor writes the shard's rows as Lance fragment(s), new data files under
+`data.lance/data/`, and the shard's manifest records their metadata: the manifest stays the
+shard's commit record. Only the driver commits a dataset version, at the end of a run (a
+resume's too): the version of exactly the committed shards' fragments, in shard order
+(`Overwrite`, so a resume re-commits the whole set and never a fragment twice). A shard that
+was retried wrote new files; only those its manifest records are referenced, and the others
+are orphans, removed with the job's other orphans.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import lance
+from lance.fragment import FragmentMetadata, write_fragments
+
+from rayaug.commit import manifest_metadata
+from rayaug.formats.base import DATA_SCHEMA, OutputFormat, data_table, images_of
+from rayaug.records import AugmentedSample
+from rayaug.storage import retrying
+
+if TYPE_CHECKING:
+    from rayaug.spec import OutputSpec
+    from rayaug.storage import Location
+
+DATASET = "data.lance"
+FRAGMENTS_KEY = "rayaug.lance_fragments"  # in a manifest's file metadata: JSON list
+
+
+class LanceOutput(OutputFormat):
+    name = "lance"
+    folder = f"{DATASET}/data"
+
+    def write(
+        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+    ) -> dict[str, str]:
+        table = data_table(samples)
+        fragments = retrying(
+            lambda: write_fragments(
+                table,
+                out.uri_of(DATASET),
+                schema=DATA_SCHEMA,
+                # "overwrite" only assigns field ids from the schema alone (the same in every
+                # shard, existing dataset or not); it commits nothing.
+                mode="overwrite",
+                storage_options=out.storage_options,
+            ),
+            f"writing {out.uri_of(DATASET)} (shard {shard})",
+            out.attempts,
+        )
+        return {FRAGMENTS_KEY: json.dumps([fragment.to_json() for fragment in fragments])}
+
+    def data_objects(self, out: Location, shard: str) -> set[str]:
+        return {f"{self.folder}/{path}" for path in _files(_fragments(out, shard))}
+
+    def read_images(
+        self, out: Location, output: OutputSpec, shard: str, masks: bool = False
+    ) -> dict[str, bytes]:
+        """The shard's own data files, read with Lance's file reader: a shard committed by a
+        running job is readable before the driver commits the dataset version."""
+        images: dict[str, bytes] = {}
+        columns = ["sample_id", "mask" if masks else "image"]
+        for path in _files(_fragments(out, shard)):
+            uri = out.uri_of(f"{self.folder}/{path}")
+            table = retrying(
+                lambda u=uri: lance.file.LanceFileReader(u, out.storage_options, columns=columns)
+                .read_all()
+                .to_table(),
+                f"reading {uri}",
+                out.attempts,
+            )
+            images |= images_of(table, masks)
+        return images
+
+    def finish(self, out: Location, shards: set[str]) -> None:
+        fragments = [f for shard in sorted(shards) for f in _fragments(out, shard)]
+        if self._version_files(out) == _files(fragments):
+            return  # a resume of a finished job: that version is committed already
+        operation = lance.LanceOperation.Overwrite(DATA_SCHEMA, fragments)
+        retrying(
+            lambda: lance.LanceDataset.commit(
+                out.uri_of(DATASET), operation, storage_options=out.storage_options
+            ),
+            f"committing {out.uri_of(DATASET)}",
+            out.attempts,
+        )
+
+    def breaches(self, out: Location, shards: set[str]) -> list[str]:
+        wanted = _files([f for shard in sorted(shards) for f in _fragments(out, shard)])
+        found = self._version_files(out)
+        if found == wanted:
+            return []
+        held = "no version" if found is None else f"{len(found)} data files"
+        return [
+            f"Lance dataset {out.uri_of(DATASET)}: its latest version holds {held}, the "
+            f"committed shards {len(wanted)}"
+        ]
+
+    def _version_files(self, out: Location) -> list[str] | None:
+        """The data files of the dataset's latest version, in order; None before the first."""
+        if not out.exists(f"{DATASET}/_versions"):
+            return None
+        dataset = retrying(
+            lambda: lance.dataset(out.uri_of(DATASET), storage_options=out.storage_options),
+            f"reading {out.uri_of(DATASET)}",
+            out.attempts,
+        )
+        return _files([fragment.metadata for fragment in dataset.get_fragments()])
+
+
+OUTPUT = LanceOutput()
+
+
+def _fragments(out: Location, shard: str) -> list[FragmentMetadata]:
+    """The fragments a committed shard's manifest records."""
+    recorded = json.loads(manifest_metadata(out, shard)[FRAGMENTS_KEY])
+    return [FragmentMetadata.from_json(json.dumps(fragment)) for fragment in recorded]
+
+
+def _files(fragments: list[FragmentMetadata]) -> list[str]:
+    """The data files of fragments (relative to the dataset's `data/`), in order."""
+    return [data_file.path for fragment in fragments for data_file in fragment.files]

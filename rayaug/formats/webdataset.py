@@ -1,0 +1,179 @@
+"""WebDataset: input tar shards (one unit each), and output shards `data/<shard>.tar`.
+
+Input: members sharing a key (basename up to its first dot) are one sample; the key is
+`shard.tar/member-key`. Nothing is extracted to disk, so hostile member names cannot escape.
+A tar has no index: it is read in sequence, so it has no random access (no mix partners).
+Output: members `<shard>-<index>.{ext,txt,json,mask.png}` with fixed metadata (same bytes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import tarfile
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from rayaug.formats.base import (
+    TARGET_COLUMNS,
+    InputFormat,
+    ShardFile,
+    shard_name,
+    with_targets,
+)
+from rayaug.formats.folder import IMAGE_EXTENSIONS
+from rayaug.records import AugmentedSample, Listing, SourceSample, Targets, WorkUnit
+
+if TYPE_CHECKING:
+    from rayaug.spec import InputSpec, OutputSpec
+    from rayaug.storage import Location
+
+LABEL_EXTENSIONS = ("cls", "label", "txt", "label.txt")
+MASK_MEMBER = "mask.png"  # `<key>.mask.png`, a PNG of class ids
+
+
+class WebDatasetInput(InputFormat):
+    name = "webdataset"
+    extensions = frozenset({"tar"})
+
+    def plan(
+        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+    ) -> Listing:
+        chosen = self.chosen(location, files)
+        units = [WorkUnit(shard_name(i), (path,)) for i, (path, _) in enumerate(chosen)]
+        return Listing(self.name, units, chosen, len(files) - len(chosen))
+
+    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
+        return list(_read_tar(location, unit.files[0]))
+
+    def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:
+        return _read_tar(location, path)
+
+
+class WebDatasetOutput(ShardFile):
+    name = "webdataset"
+    extension = "tar"
+
+    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
+        return _tar_bytes(samples, shard, output.extension)
+
+    def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
+        suffix = MASK_MEMBER if masks else output.extension
+        members: dict[str, dict[str, bytes]] = defaultdict(dict)
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            for member in archive:
+                stem, _, extension = member.name.partition(".")
+                members[stem][extension] = archive.extractfile(member).read()
+        return {
+            json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m
+        }
+
+
+INPUT = WebDatasetInput()
+OUTPUT = WebDatasetOutput()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _read_tar(location: Location, path: str) -> Iterator[SourceSample]:
+    """WebDataset grouping: members sharing a key (basename up to its first dot) are one sample.
+
+    A link or device member is refused (its sample quarantined), never followed. A shard that
+    breaks off (truncated, corrupt) keeps the samples before the break; the one being read
+    when it broke is quarantined with the reason (tar has no index: the rest is unknowable).
+    """
+    uri = location.uri_of(path)
+    data = location.read_bytes(path)
+    key, members, refused = None, {}, []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            for member in archive:
+                if member.isdir():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, _, extension = name.partition(".")
+                member_key = f"{folder}/{stem}" if folder else stem
+                if member_key != key or extension.lower() in members:
+                    if key is not None:
+                        yield _tar_sample(f"{path}/{key}", uri, members, refused)
+                    key, members, refused = member_key, {}, []
+                if member.isfile():
+                    members[extension.lower()] = archive.extractfile(member).read()
+                else:
+                    members[extension.lower()] = b""
+                    refused.append(f"tar member {member.name!r} is {_tar_kind(member)}")
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        where = f"{path}/{key}" if key is not None else path
+        reason = " ".join(f"unreadable tar shard {path}: {error}".split())  # one line
+        yield SourceSample(where, uri, None, None, reason[:500])
+        return
+    if key is not None:
+        yield _tar_sample(f"{path}/{key}", uri, members, refused)
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link (to {member.linkname!r}), not a file"
+    if member.islnk():
+        return f"a hard link (to {member.linkname!r}), not a file"
+    return "a device or FIFO, not a file"
+
+
+def _tar_sample(key: str, uri: str, members: dict[str, bytes], refused: list[str]) -> SourceSample:
+    if refused:
+        return SourceSample(key, uri, None, None, "; ".join(refused))
+    image = next((members[e] for e in members if _is_image_member(e)), None)
+    label = next(
+        (members[e].decode(errors="replace").strip() for e in LABEL_EXTENSIONS if e in members),
+        None,
+    )
+    error = None if image is not None else f"no image member (found: {', '.join(sorted(members))})"
+    sample = SourceSample(key, uri, image, label, error)
+    return with_targets(sample, lambda: _member_targets(members))
+
+
+def _is_image_member(extension: str) -> bool:
+    return extension != MASK_MEMBER and extension.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
+
+
+def _member_targets(members: dict[str, bytes]) -> Targets | None:
+    meta = json.loads(members["json"]) if "json" in members else {}
+    has_labels = isinstance(meta, dict) and any(k in meta for k in TARGET_COLUMNS)
+    if not has_labels and MASK_MEMBER not in members:
+        return None
+    return Targets.parse(meta if has_labels else {}, "xyxy", members.get(MASK_MEMBER))
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> bytes:
+    """WebDataset members `<shard>-<index>.{ext,txt,json,mask.png}`; fixed metadata: same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for index, sample in enumerate(samples):
+            stem = f"{shard}-{index:06d}"
+            meta = {
+                "sample_id": sample.sample_id,
+                "source_key": sample.source_key,
+                "view": sample.view,
+                "label": sample.label,
+            }
+            if sample.soft_label is not None:
+                meta["soft_label"] = sample.soft_label_rows
+            if sample.targets is not None:
+                meta |= {k: v for k, v in sample.targets.to_json().items() if k != "mask"}
+            members = [(extension, sample.image), ("json", json.dumps(meta).encode())]
+            if sample.label is not None:  # text, not `.cls`: webdataset would int() a `.cls`
+                members.insert(1, ("txt", sample.label.encode()))
+            if sample.targets is not None and sample.targets.mask is not None:
+                members.append((MASK_MEMBER, sample.targets.mask))
+            for suffix, payload in members:
+                info = tarfile.TarInfo(f"{stem}.{suffix}")
+                info.size, info.mode, info.mtime = len(payload), 0o644, 0
+                archive.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()

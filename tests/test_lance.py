@@ -1,0 +1,165 @@
+"""rayaug.formats.lance: the Lance output, read back with Lance and Ray Data as a user would.
+
+Shards write fragments, their manifests record them, and the driver commits the dataset version
+of exactly the committed shards' fragments: locally and on the session's S3 server, after a
+retried shard, and after a driver killed between a shard's fragment and its manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from conftest import BUCKET, RecordingProgress
+from faults import injection
+from test_sinks import VERSIONS, _augmented, _result, output_at
+
+from rayaug import commit, outputs
+from rayaug.cli import main
+from rayaug.formats import output_format
+from rayaug.formats.lance import DATASET
+from rayaug.job import RunOptions, run_job
+from rayaug.replay import replay
+from rayaug.reports.summary import verify
+from rayaug.sampledata import SamplePhoto
+from rayaug.sinks import WriteContext, finish_output, orphans, write_shard
+from rayaug.spec import OutputSpec, StorageSpec, parse_spec
+from rayaug.storage import Location, open_location
+
+SHARDS = ("part-00000", "part-00001", "part-00002")
+
+
+def _rows(dataset: lance.LanceDataset) -> list[tuple[str, str]]:
+    """(sample_id, sha256 of the image) of every row, in the dataset's order."""
+    table = dataset.to_table(columns=["sample_id", "image"])
+    return [
+        (sample, hashlib.sha256(image).hexdigest())
+        for sample, image in zip(
+            table["sample_id"].to_pylist(), table["image"].to_pylist(), strict=True
+        )
+    ]
+
+
+def _manifest_rows(out: Location) -> list[tuple[str, str]]:
+    manifest = outputs.manifests(out)
+    return list(zip(manifest["sample_id"].to_pylist(), manifest["sha256"].to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_dataset_version_holds_exactly_the_committed_shards(
+    where: str, request: pytest.FixtureRequest, tmp_path: Path, photos: list[SamplePhoto]
+) -> None:
+    out = output_at(where, request, tmp_path)
+    output = OutputSpec(uri=out.uri, format="lance")
+    context = WriteContext(output, 2, VERSIONS)
+    results = [_result(photos[3 * i : 3 * i + 3]) for i in range(len(SHARDS))]
+    for shard, result in zip(SHARDS, results, strict=True):
+        write_shard(out, shard, result, context)
+    # The fragments go to Lance's own files, before the shard's errors and manifest.
+    assert out.writes[:2] == [commit.errors_path(SHARDS[0]), commit.manifest_path(SHARDS[0])]
+    lance_output = output_format("lance")
+    first_try = lance_output.data_objects(out, SHARDS[1])
+    write_shard(out, SHARDS[1], results[1], context)  # a retry writes new fragment files
+    lance_output.write(out, "part-00009", _augmented(photos[:1]), output)  # never committed
+    committed = commit.committed_shards(out)
+    assert committed == set(SHARDS)
+    # A running job's committed shard reads back before any dataset version exists.
+    images = lance_output.read_images(out, output, SHARDS[2])
+    assert sorted(images) == sorted(s.sample_id for s in results[2].samples)
+
+    finish_output(out, output, committed)
+    uri = out.uri_of(DATASET)
+    dataset = lance.dataset(uri, storage_options=out.storage_options)
+    assert dataset.count_rows() == 3 * 6
+    assert _rows(dataset) == _manifest_rows(out)  # shard order, each sample once
+    assert lance_output.breaches(out, committed) == []
+    # Orphans: the retried shard's first fragment and the uncommitted shard's.
+    lost = orphans(out, output, committed)
+    assert len(lost) == 2 and set(first_try) < set(lost)
+    # Finishing again (a resume of a finished job) commits no new version.
+    finish_output(out, output, committed)
+    assert lance.dataset(uri, storage_options=out.storage_options).version == dataset.version
+
+
+@pytest.mark.s3
+def test_a_job_writes_a_lance_dataset_on_s3(
+    ray_cluster: str, s3, photo_folder: Path
+) -> None:
+    import ray
+
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/out"
+    spec = parse_spec(
+        {
+            "input": {"uri": str(photo_folder)},
+            "output": {"uri": uri, "format": "lance", "shard_size": 10, "size": 48},
+            "views": 2,
+            "ops": [{"name": "horizontal_flip"}, {"name": "rotation", "degrees": 10}],
+            "execution": {"batch_size": 8, "concurrency": 1},
+        }
+    )
+    run_job(spec, RunOptions(), RecordingProgress())
+    out = open_location(uri, spec.storage)
+    assert verify(outputs.recorded_output(out)) == []
+    options = {  # what a reader of the dataset passes (credentials come from the environment)
+        "endpoint": f"http://{s3.endpoint}",
+        "region": s3.region,
+        "allow_http": "true",
+    }
+    dataset = lance.dataset(f"{uri}/{DATASET}", storage_options=options)
+    assert dataset.count_rows() == 48 and _rows(dataset) == _manifest_rows(out)
+    assert dataset.schema.field("image").type == pa.binary()
+    rows = ray.data.read_lance(f"{uri}/{DATASET}", storage_options=options).take_all()
+    assert sorted(r["sample_id"] for r in rows) == sorted(s for s, _ in _manifest_rows(out))
+    sample = rows[0]["sample_id"]
+    assert replay(outputs.recorded_output(out), sample, spec.storage).matches
+
+
+@pytest.mark.slow
+def test_a_killed_lance_job_resumes_to_the_uninterrupted_dataset(
+    ray_cluster: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import ray
+
+    source, planned = injection.shared_input(tmp_path_factory)
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    data = injection.spec_data(source, killed, concurrency=1)
+    data["output"]["format"] = "lance"
+    marker, shard = tmp_path / "paused.json", "part-00003"
+    driver = injection.start_driver(
+        injection.write_spec(tmp_path / "job.yaml", data), ray_cluster, tmp_path / "driver.log",
+        worker_faults={"pause_before_manifest": {"shard": shard, "marker": str(marker)}},
+    )
+    try:
+        # Killed between the shard's fragment and its manifest: an orphan fragment.
+        injection.wait_for(marker.exists, driver, f"{shard} to pause before its manifest")
+        assert list((killed / DATASET / "data").glob("*.lance"))
+        assert not (killed / DATASET / "_versions").exists()  # no version before the end
+    finally:
+        driver.kill()
+    assert shard not in commit.committed_shards(open_location(str(killed), StorageSpec()))
+
+    run_job(parse_spec(data), RunOptions(), RecordingProgress())  # the resume
+    run_job(
+        parse_spec(data | {"output": data["output"] | {"uri": str(clean)}}),
+        RunOptions(),
+        RecordingProgress(),
+    )
+    resumed, uninterrupted = (lance.dataset(str(o / DATASET)) for o in (killed, clean))
+    assert _rows(resumed) == _rows(uninterrupted)  # same rows, same bytes, same order
+    assert sorted(s for s, _ in _rows(resumed)) == planned  # each planned sample once
+    out = open_location(str(killed), StorageSpec())
+    assert _rows(resumed) == _manifest_rows(out)
+    assert orphans(out, parse_spec(data).output, commit.committed_shards(out)) == []
+    read = ray.data.read_lance(str(killed / DATASET), columns=["sample_id"]).take_all()
+    assert sorted(r["sample_id"] for r in read) == planned
+
+    cli = CliRunner()
+    verified = cli.invoke(main, ["inspect", str(killed), "--verify"], catch_exceptions=False)
+    assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
+    replayed = cli.invoke(main, ["replay", str(killed), planned[5]], catch_exceptions=False)
+    assert replayed.exit_code == 0 and "identical" in replayed.output, replayed.output
