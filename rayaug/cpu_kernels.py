@@ -18,7 +18,7 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from rayaug.ops import LUMA, Params, fused_colour_map, kernels_in, noise_field
+from rayaug.ops import LUMA, Params, fused_colour_map, kernels_in, noise_field, saturation_matrix
 
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767
@@ -60,7 +60,7 @@ def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: tuple[int, int]) -> np.
 def _lut(pixels: np.ndarray, table: np.ndarray) -> np.ndarray:
     """A point op: `table` (256 values, or 256 x 3 per channel) of 0-255 floats, rounded as
     the float path's encoder rounds (half to even) and clipped."""
-    levels = np.clip(np.rint(table), 0, 255).astype(np.uint8)
+    levels = _to_uint8(table)
     return cv2.LUT(pixels, levels.reshape(256, 1, -1) if levels.ndim == 2 else levels)
 
 
@@ -71,8 +71,7 @@ def _colour_map(pixels: np.ndarray, matrix: np.ndarray, offset: np.ndarray) -> n
 
 def _towards_gray(pixels: np.ndarray, factor: float) -> np.ndarray:
     """factor · image + (1 - factor) · its luma: Kornia's saturation step (0: grayscale)."""
-    matrix = factor * np.eye(3) + (1 - factor) * np.outer(np.ones(3), LUMA)
-    return _colour_map(pixels, matrix, np.zeros(3))
+    return _colour_map(pixels, saturation_matrix(factor), np.zeros(3))
 
 
 def _mean_gray(pixels: np.ndarray) -> float:

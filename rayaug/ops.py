@@ -561,6 +561,11 @@ LUMA = np.array([0.299, 0.587, 0.114])
 _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 
 
+def saturation_matrix(factor: float) -> np.ndarray:
+    """factor · RGB + (1 - factor) · its luma, as a 3x3 map (0: grayscale)."""
+    return factor * np.eye(3) + (1 - factor) * np.outer(np.ones(3), LUMA)
+
+
 def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray, np.ndarray]:
     """One jitter step as an affine map of RGB: (3x3 matrix, offset)."""
     identity, no_offset = np.eye(3), np.zeros(3)
@@ -569,7 +574,7 @@ def _fused_step(step: str, factor: float, mean_gray: float) -> tuple[np.ndarray,
     if step == "contrast":
         return factor * identity, np.full(3, (1 - factor) * mean_gray)
     if step == "saturation":
-        return factor * identity + (1 - factor) * np.outer(np.ones(3), LUMA), no_offset
+        return saturation_matrix(factor), no_offset
     angle = factor * 2 * math.pi
     rotation = np.array(
         [[1, 0, 0], [0, math.cos(angle), -math.sin(angle)], [0, math.sin(angle), math.cos(angle)]]
