@@ -208,6 +208,7 @@ class _Run:
             ) from error
         finally:
             if owns_ray:
+                _join_ray_data_threads()
                 ray.shutdown()
 
     def _check_still_going(self) -> None:
@@ -230,6 +231,16 @@ class _Run:
             f"{self.out.uri}`; to accept them, raise errors.max_error_rate in the job file and "
             "run it again (`rayaug run JOB.yaml`): committed shards are kept."
         )
+
+
+def _join_ray_data_threads(timeout: float = 30.0) -> None:
+    """Let Ray Data's scheduling loop end before Ray shuts down. Closing the rows waits for it
+    only 2 s; a loop still running then calls into a shut-down Ray, which ends the whole
+    process with exit 1 (seen after a Ctrl-C on a loaded machine, instead of 130)."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("StreamingExecutor-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _root_cause(error: BaseException) -> str:
