@@ -372,16 +372,23 @@ def test_write_survives_a_storage_outage_through_retries(
         except BaseException as error:  # reported below
             outcome["error"] = error
 
+    def retries() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "retry" in r.getMessage()]
+
     with caplog.at_level(logging.WARNING, logger="rayaug.storage"):
         writer = threading.Thread(target=write)
         writer.start()
-        time.sleep(2.0)
+        # The server stays down until rayaug has retried: the AWS SDK's own 3 attempts can
+        # take up to 3 s (its backoff draws up to 1 s, then 2 s), which a fixed outage of
+        # 2 s was sometimes shorter than.
+        deadline = time.monotonic() + 30
+        while not retries() and writer.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert retries(), f"the write was not retried during the outage: {outcome}"
         assert writer.is_alive(), f"the write ended during the outage: {outcome}"
         own_server.restart()
         writer.join(timeout=60)
     assert not writer.is_alive()
     assert "error" not in outcome, outcome.get("error")
-    retries = [r for r in caplog.records if "retry" in r.getMessage()]
-    assert retries, "the write should have been retried during the outage"
     assert location.read_bytes("data/part-00000.bin") == payload
     assert location.read_bytes("before.bin") == b"before"
