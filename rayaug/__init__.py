@@ -12,7 +12,7 @@ from rayaug.errors import JobFailed, RayaugError, SpecError, StorageError, Usage
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
     from rayaug.api import OutputView, load_job, open_output, resume, run
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _API = ("run", "resume", "open_output", "load_job", "OutputView")
 

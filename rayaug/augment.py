@@ -30,6 +30,7 @@ from rayaug.ops import (
     composed_warp,
     decode_reduction,
     draw_ops,
+    needed_box,
     reduction_for,
 )
 from rayaug.partners import NoPartner, Partners
@@ -209,7 +210,8 @@ class Augmenter:
         opened: codec.Opened,
     ) -> _Item:
         reduction = decode_reduction(applied, opened.canvas)
-        image, pending = self._decode(source.data or b"", opened, reduction)
+        needed = needed_box(applied, opened.canvas)
+        image, pending = self._decode(opened, reduction, needed)
         return _Item(
             source.key,
             source.uri,
@@ -225,13 +227,17 @@ class Augmenter:
         )
 
     def _decode(
-        self, data: bytes, opened: codec.Opened, reduction: int
+        self, opened: codec.Opened, reduction: int, needed: codec.Box | None = None
     ) -> tuple[Image, np.ndarray]:
-        """The decoded pixels (see `Image`), and the matrix from them to the canvas."""
+        """The decoded pixels (see `Image`), and the matrix from them to the canvas. On the
+        CPU only the window of the source that `needed` says the first warp reads."""
+        if self.uint8_path:
+            part = codec.decode_part(opened, reduction, needed)
+            to_part = np.array([[1.0, 0, -part.origin[0]], [0, 1, -part.origin[1]], [0, 0, 1]])
+            return part.pixels, _rescale(part.size, opened.canvas) @ np.linalg.inv(to_part)
         image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
-            pixels = codec.decode(opened, reduction)
-            image = pixels if self.uint8_path else _upload(pixels, self.device)
+            image = _upload(codec.decode(opened, reduction), self.device)
         return image, _rescale(_size(image), opened.canvas) if reduction > 1 else np.eye(3)
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
@@ -308,7 +314,7 @@ class Augmenter:
     def _partner_layer(self, source: SourceSample, tile: Tile | None) -> mixes.Layer:
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
-        image, to_canvas = self._decode(source.data or b"", opened, reduction)
+        image, to_canvas = self._decode(opened, reduction)
         return mixes.Layer(image, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,9 +16,12 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from rayaug import jpeg_window
+
 if TYPE_CHECKING:  # torch loads only on a CUDA device's path (see augment)
     import torch
 
+Box = tuple[float, float, float, float]  # (x0, y0, x1, y1)
 # EXIF orientations 5-8 swap width and height.
 _TRANSPOSED = {5, 6, 7, 8}
 # OpenCV's read flags for RGB at each JPEG DCT scale; the orientation is Pillow's to apply.
@@ -107,11 +111,58 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
         raise DecodeError(f"cannot decode: {error}") from None
 
 
-def _decode_plain_jpeg(opened: Opened, reduction: int) -> np.ndarray | None:
-    """OpenCV's decode of a whole, upright, 8-bit JPEG: the same libjpeg-turbo pixels as
-    Pillow's at the same DCT scale, a third faster, straight into an array (Pillow's needs a
-    copy out). None where it does not apply (a truncated or CMYK file, a box filter to follow):
-    Pillow decodes those, and words their errors."""
+@dataclass(frozen=True)
+class Part:
+    """Decoded pixels that may be a window of the whole decode."""
+
+    pixels: np.ndarray
+    size: tuple[int, int]  # (height, width) of the whole decode at this scale
+    origin: tuple[int, int] = (0, 0)  # (x, y) of pixels[0, 0] in it
+
+
+def decode_part(opened: Opened, reduction: int, needed: Box | None) -> Part:
+    """`decode`, but of a plain JPEG only the window around `needed` — (x0, y0, x1, y1) in
+    canvas pixels, the least box a warp reads — that a whole decode would give there.
+
+    The window is a pure function of the image's header and `needed`, never of whether
+    libjpeg-turbo's windowed decode is installed: without it, the same window is a slice of a
+    whole decode, so the pixels (and every output byte) are the same either way."""
+    window = _plain_jpeg_window(opened, reduction, needed)
+    if window is None:
+        pixels = decode(opened, reduction)
+        return Part(pixels, pixels.shape[:2])
+    scale, size, (left, top, right, bottom) = window
+    pixels = jpeg_window.decode(opened.data, scale, (left, top, right, bottom))
+    if pixels is None:
+        pixels = decode(opened, reduction)[top:bottom, left:right]
+    return Part(pixels, size, (left, top))
+
+
+def _plain_jpeg_window(
+    opened: Opened, reduction: int, needed: Box | None
+) -> tuple[int, tuple[int, int], Box] | None:
+    """(DCT scale, whole decode's size, window in its pixels), or None where the whole image
+    is decoded: not OpenCV's plain JPEG, or nothing to leave out."""
+    scale = _plain_jpeg_scale(opened, reduction)
+    if needed is None or scale is None:
+        return None
+    height, width = opened.canvas
+    size = (-(-height // scale), -(-width // scale))  # libjpeg rounds a scaled size up
+    x0, y0, x1, y1 = needed
+    # Canvas positions → the scaled decode's; then both bilinear taps, and the decoder's margin.
+    sx, sy = size[1] / width, size[0] / height
+    left = max(0, math.floor((x0 + 0.5) * sx - 0.5) - jpeg_window.MARGIN)
+    top = max(0, math.floor((y0 + 0.5) * sy - 0.5) - jpeg_window.MARGIN)
+    right = min(size[1], math.ceil((x1 + 0.5) * sx - 0.5) + 1 + jpeg_window.MARGIN)
+    bottom = min(size[0], math.ceil((y1 + 0.5) * sy - 0.5) + 1 + jpeg_window.MARGIN)
+    if right <= left or bottom <= top or (right - left, bottom - top) == (size[1], size[0]):
+        return None
+    return scale, size, (left, top, right, bottom)
+
+
+def _plain_jpeg_scale(opened: Opened, reduction: int) -> int | None:
+    """The DCT scale OpenCV decodes a whole, upright, 8-bit JPEG at; None where Pillow
+    decodes (a truncated or CMYK file, a box filter to follow): Pillow words its errors."""
     image = opened.image
     if (
         image.format != "JPEG"
@@ -123,6 +174,16 @@ def _decode_plain_jpeg(opened: Opened, reduction: int) -> np.ndarray | None:
     scale = _dct_scale(image.size, reduction)
     drafted_width = -(-image.size[0] // scale)  # libjpeg rounds a scaled size up
     if reduction > 1 and _box_factor(drafted_width, image.size[0], reduction) >= 2:
+        return None
+    return scale
+
+
+def _decode_plain_jpeg(opened: Opened, reduction: int) -> np.ndarray | None:
+    """OpenCV's decode of a whole, upright, 8-bit JPEG: the same libjpeg-turbo pixels as
+    Pillow's at the same DCT scale, a third faster, straight into an array (Pillow's needs a
+    copy out). None where it does not apply (see `_plain_jpeg_scale`)."""
+    scale = _plain_jpeg_scale(opened, reduction)
+    if scale is None:
         return None
     pixels = cv2.imdecode(np.frombuffer(opened.data, np.uint8), _CV2_SCALED_RGB[scale])
     return pixels if pixels is not None and pixels.ndim == 3 else None

@@ -807,18 +807,26 @@ def from_records(records: list[dict[str, Any]]) -> list[Applied]:
     return [Applied((i, 0), r["op"], r["params"]) for i, r in enumerate(records)]
 
 
-def composed_warp(applied: Sequence[Applied], canvas: Canvas, leading_only: bool = False):
-    """The fused homography of the geometric ops: all of them (what labels go through), or
-    only those before the first photometric op (what the decode can shrink for)."""
+def composed_warp(applied: Sequence[Applied], canvas: Canvas) -> np.ndarray:
+    """The fused homography of all the geometric ops (what labels go through)."""
+    matrix = np.eye(3)
+    for step in applied:
+        if step.op.kind == "geometric":
+            step_matrix, canvas = step.op.matrix(step.params, canvas)
+            matrix = step_matrix @ matrix
+    return matrix
+
+
+def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+    """The first warp a sample's pixels go through: the fused homography of the geometric ops
+    before its first other op, and the canvas it draws."""
     matrix = np.eye(3)
     for step in applied:
         if step.op.kind != "geometric":
-            if leading_only:
-                break
-            continue
+            break
         step_matrix, canvas = step.op.matrix(step.params, canvas)
         matrix = step_matrix @ matrix
-    return matrix
+    return matrix, canvas
 
 
 def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
@@ -826,7 +834,24 @@ def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
 
     A pure function of the plan, so a replay decodes at the same scale as the job did.
     """
-    return reduction_for(composed_warp(applied, canvas, leading_only=True))
+    return reduction_for(leading_warp(applied, canvas)[0])
+
+
+def needed_box(applied: Sequence[Applied], canvas: Canvas) -> tuple[float, ...] | None:
+    """The least box (x0, y0, x1, y1) of the source canvas where the first warp samples, or
+    None where it samples everywhere (no geometric op first; a perspective that folds the
+    horizon in). A pure function of the plan, like the decode's scale: the decode leaves the
+    rest out."""
+    matrix, drawn = leading_warp(applied, canvas)
+    if drawn == canvas and np.array_equal(matrix, np.eye(3)):
+        return None
+    height, width = drawn
+    centres = np.array([[0, width - 1, 0, width - 1], [0, 0, height - 1, height - 1], [1] * 4])
+    source = np.linalg.inv(matrix) @ centres
+    if (source[2] <= 0).any():
+        return None
+    xs, ys = source[:2] / source[2]
+    return (float(xs.min()), float(ys.min()), float(xs.max()), float(ys.max()))
 
 
 def reduction_for(matrix: np.ndarray) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from rayaug import augment, codec, sampledata
 from rayaug.augment import KORNIA_ON_CPU, Augmenter
 from rayaug.ops import CATALOGUE, draw_ops, from_records
 from rayaug.records import ShardOutput, SourceSample, sample_seed
@@ -406,6 +407,44 @@ def test_a_reduced_decode_gives_the_same_picture(device: str) -> None:
     expected = np.asarray(Image.fromarray(picture).resize((400, 300), Image.Resampling.BOX))
     difference = np.abs(_pixels(sample.image).astype(int) - expected)
     assert difference.mean() < 1.5  # aligned: a half-pixel shift would show at every square edge
+
+
+# Crops of larger photos than the fixture's, as users have: what the decode can leave out.
+_CROPS = [
+    {"name": "random_resized_crop", "size": 96, "scale": [0.08, 1.0]},
+    {"name": "horizontal_flip"},
+    {"name": "rotation", "degrees": 15, "p": 0.5},
+    {"name": "color_jitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},
+]
+
+
+def test_decoding_only_the_needed_window_moves_no_pixel_beyond_rounding(monkeypatch) -> None:
+    """On the CPU a plain JPEG is decoded only around the box its first warp reads; the warp
+    then differs from a whole image's only by its fixed-point rounding (at most a level)."""
+    photos = list(sampledata.make_photos(16, seed=4, short_side=(300, 500)))
+    spec = _spec(_CROPS[:3], views=2)
+    parts = []
+    decode_part = codec.decode_part
+    monkeypatch.setattr(codec, "decode_part", lambda *a: parts.append(decode_part(*a)) or parts[-1])
+    windowed = Augmenter(spec, "cpu").augment(_sources(photos))
+    cut = [p for p in parts if p.pixels.shape[:2] != p.size]
+    assert len(cut) > len(parts) / 2  # most crops leave part of the photo out
+    monkeypatch.setattr(augment, "needed_box", lambda applied, canvas: None)
+    whole = Augmenter(spec, "cpu").augment(_sources(photos))
+    for a, b in zip(windowed.samples, whole.samples, strict=True):
+        assert a.ops == b.ops
+        assert np.abs(_pixels(a.image).astype(int) - _pixels(b.image)).max() <= 1
+
+
+def test_the_same_bytes_with_or_without_the_windowed_decoder(monkeypatch) -> None:
+    """libturbojpeg's windowed decode is a speed-up only: without it (no wheel for the
+    platform) the window is cut from a whole decode, and every byte is the same."""
+    photos = list(sampledata.make_photos(12, seed=6, short_side=(300, 500)))
+    spec = _spec(_CROPS, views=2)
+    windowed = Augmenter(spec, "cpu").augment(_sources(photos))
+    monkeypatch.setattr(codec.jpeg_window, "decode", lambda *args: None)
+    sliced = Augmenter(spec, "cpu").augment(_sources(photos))
+    assert _hashes(windowed) == _hashes(sliced)
 
 
 def test_output_size_and_format(photos, device: str) -> None:

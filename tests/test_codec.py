@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from rayaug import codec
+from rayaug import codec, sampledata
 from rayaug.codec import DecodeError
 from rayaug.spec import OutputSpec
 
@@ -324,6 +324,61 @@ def test_a_reduction_beyond_the_dct_scales_is_box_filtered_as_before() -> None:
 def test_reduction_one_is_full_size() -> None:
     data = _save(Image.fromarray(_gradient(120, 160)), "JPEG")
     assert codec.decode(codec.open_image(data, MAX_PIXELS), 1).shape == (120, 160, 3)
+
+
+# ---------------------------------------------------------------- the window a warp reads
+
+
+@pytest.mark.parametrize("reduction", [1, 2, 4])
+def test_a_part_is_the_whole_decode_around_the_needed_box(reduction: int) -> None:
+    """Only the needed box (plus the decoder's margin) is decoded; there its pixels are the
+    whole decode's, and `origin`/`size` place it in that decode."""
+    (photo,) = sampledata.make_photos(1, seed=7, short_side=(600, 640))
+    opened = codec.open_image(photo.jpeg, MAX_PIXELS)
+    whole = codec.decode(opened, reduction)
+    height, width = opened.canvas
+    needed = (width * 0.4, height * 0.3, width * 0.7, height * 0.6)
+    part = codec.decode_part(opened, reduction, needed)
+    left, top = part.origin
+    assert part.size == whole.shape[:2] and left > 0 and top > 0
+    assert part.pixels.shape[0] < whole.shape[0] and part.pixels.shape[1] < whole.shape[1]
+    rows, columns = part.pixels.shape[:2]
+    margin = codec.jpeg_window.MARGIN
+    inside = (slice(margin, -margin), slice(margin, -margin))
+    np.testing.assert_array_equal(
+        part.pixels[inside], whole[top : top + rows, left : left + columns][inside]
+    )
+    x0 = (needed[0] + 0.5) * whole.shape[1] / width - 0.5  # in the decode's pixels
+    assert left + margin <= x0 < left + margin + 1
+
+
+def test_a_part_is_the_same_without_the_windowed_decoder(photos, monkeypatch) -> None:
+    """Whether libturbojpeg's windowed decode is installed changes the speed, never a pixel:
+    without it the same window is cut out of a whole decode."""
+    opened = codec.open_image(photos[1].jpeg, MAX_PIXELS)
+    height, width = opened.canvas
+    needed = (3.2, width * 0.1, width * 0.5, height - 4.5)
+    windowed = codec.decode_part(opened, 1, needed)
+    monkeypatch.setattr(codec.jpeg_window, "decode", lambda *args: None)
+    sliced = codec.decode_part(opened, 1, needed)
+    assert (sliced.origin, sliced.size) == (windowed.origin, windowed.size)
+    np.testing.assert_array_equal(sliced.pixels, windowed.pixels)
+
+
+def test_a_part_is_the_whole_image_where_no_window_applies(photos) -> None:
+    """No box (no geometric op first), a box that covers everything, or an image the plain
+    JPEG path does not take (here EXIF-rotated): the whole decode, at the origin."""
+    opened = codec.open_image(photos[2].jpeg, MAX_PIXELS)
+    height, width = opened.canvas
+    for needed in (None, (-5.0, -5.0, width + 5.0, height + 5.0)):
+        part = codec.decode_part(opened, 1, needed)
+        assert part.origin == (0, 0) and part.pixels.shape[:2] == part.size == opened.canvas
+    image = Image.open(io.BytesIO(photos[2].jpeg))
+    exif = image.getexif()
+    exif[0x0112] = 6
+    rotated = codec.open_image(_save(image, "JPEG", exif=exif.tobytes()), MAX_PIXELS)
+    part = codec.decode_part(rotated, 1, (10.0, 10.0, 20.0, 20.0))
+    assert part.origin == (0, 0) and part.pixels.shape[:2] == rotated.canvas
 
 
 # ---------------------------------------------------------------- encode

@@ -28,6 +28,8 @@ from rayaug.ops import (
     decode_reduction,
     draw_ops,
     from_records,
+    leading_warp,
+    needed_box,
 )
 
 # Every op with non-trivial settings. A new op must be added here (see the first test).
@@ -353,6 +355,40 @@ def test_decode_reduction_stops_at_the_first_photometric_op() -> None:
     plan = draw_ops([_op("gaussian_blur"), Resize(size=(300, 400))], 0, canvas)
     assert [s.name for s in plan] == ["gaussian_blur", "resize"]
     assert decode_reduction(plan, canvas) == 1  # the blur is meant for full-size pixels
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [
+        [RandomResizedCrop(size=(224, 224), scale=(0.08, 1.0))],
+        [RandomResizedCrop(size=(224, 224)), HorizontalFlip(), Rotation(degrees=15, p=1)],
+        [RandomCrop(size=(100, 120)), Perspective(distortion_scale=0.5, p=1)],
+        [Rotation(degrees=180, p=1)],
+    ],
+)
+def test_the_needed_box_holds_every_position_the_first_warp_samples(geometry) -> None:
+    canvas = (480, 640)
+    for seed in range(20):
+        plan = draw_ops([*geometry, _op("gaussian_blur"), Rotation(degrees=30, p=1)], seed, canvas)
+        box = needed_box(plan, canvas)
+        matrix, (height, width) = leading_warp(plan, canvas)
+        ys, xs = np.mgrid[0:height, 0:width]
+        points = np.linalg.inv(matrix) @ np.stack([xs.ravel(), ys.ravel(), np.ones(xs.size)])
+        sampled = points[:2] / points[2]
+        assert box is not None
+        x0, y0, x1, y1 = box
+        assert x0 - 1e-6 <= sampled[0].min() and sampled[0].max() <= x1 + 1e-6
+        assert y0 - 1e-6 <= sampled[1].min() and sampled[1].max() <= y1 + 1e-6
+        assert (x0, y0, x1, y1) == pytest.approx(  # the least such box
+            (sampled[0].min(), sampled[1].min(), sampled[0].max(), sampled[1].max())
+        )
+
+
+def test_no_box_where_the_first_op_is_not_geometric() -> None:
+    canvas = (480, 640)
+    plan = draw_ops([_op("gaussian_blur"), RandomResizedCrop(size=(224, 224))], 0, canvas)
+    assert needed_box(plan, canvas) is None
+    assert needed_box([], canvas) is None
 
 
 # ---------------------------------------------------------------- colour jitter
