@@ -116,10 +116,11 @@ def _run(start: Callable[[_LiveProgress], JobSummary], out_uri: str, as_json: bo
         # run_job has shut its Ray down and released the lease on the way out; what is
         # committed stays (click would print a bare "Aborted!").
         progress.stop()
+        # A lower bound: a writer may commit as the driver stops, before its row arrives.
         shards = progress.tally.shards if progress.tally is not None else 0
         _report(
             "interrupted:",
-            f"{shards} committed shard{'s' * (shards != 1)} kept; "
+            f"every committed shard is kept ({shards} counted before the stop); "
             f"`rayaug resume {out_uri}` finishes the job",
         )
         sys.exit(130)
