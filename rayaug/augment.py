@@ -233,8 +233,9 @@ class Augmenter:
         CPU only the window of the source that `needed` says the first warp reads."""
         if self.uint8_path:
             part = codec.decode_part(opened, reduction, needed)
-            to_part = np.array([[1.0, 0, -part.origin[0]], [0, 1, -part.origin[1]], [0, 0, 1]])
-            return part.pixels, _rescale(part.size, opened.canvas) @ np.linalg.inv(to_part)
+            x, y = part.origin
+            from_part = np.array([[1.0, 0, x], [0, 1, y], [0, 0, 1]])
+            return part.pixels, _rescale(part.size, opened.canvas) @ from_part
         image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
             image = _upload(codec.decode(opened, reduction), self.device)
