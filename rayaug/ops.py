@@ -11,6 +11,7 @@ light.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -809,21 +810,20 @@ def from_records(records: list[dict[str, Any]]) -> list[Applied]:
 
 def composed_warp(applied: Sequence[Applied], canvas: Canvas) -> np.ndarray:
     """The fused homography of all the geometric ops (what labels go through)."""
-    matrix = np.eye(3)
-    for step in applied:
-        if step.op.kind == "geometric":
-            step_matrix, canvas = step.op.matrix(step.params, canvas)
-            matrix = step_matrix @ matrix
-    return matrix
+    return _fused([step for step in applied if step.op.kind == "geometric"], canvas)[0]
 
 
 def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray, Canvas]:
     """The first warp a sample's pixels go through: the fused homography of the geometric ops
     before its first other op, and the canvas it draws."""
+    leading = itertools.takewhile(lambda step: step.op.kind == "geometric", applied)
+    return _fused(list(leading), canvas)
+
+
+def _fused(geometric: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray, Canvas]:
+    """One homography for geometric steps in a row, and the canvas the last one draws."""
     matrix = np.eye(3)
-    for step in applied:
-        if step.op.kind != "geometric":
-            break
+    for step in geometric:
         step_matrix, canvas = step.op.matrix(step.params, canvas)
         matrix = step_matrix @ matrix
     return matrix, canvas
