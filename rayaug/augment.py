@@ -28,9 +28,8 @@ from rayaug.ops import (
     Tile,
     advance,
     composed_warp,
-    decode_reduction,
+    decode_request,
     draw_ops,
-    needed_box,
     reduction_for,
 )
 from rayaug.partners import NoPartner, Partners
@@ -147,13 +146,14 @@ class Augmenter:
     def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
         """Every view of every source, in order; failures become quarantine rows."""
         output = ShardOutput(device=self.device.partition(":")[0])
-        pending: list[tuple[SourceSample, int]] = []
+        batch_size = self.spec.execution.batch_size
+        pending: list[_Item] = []
         for source in sources:
             output.sources += 1
-            pending += [(source, view) for view in range(self.spec.views)]
-            while len(pending) >= self.spec.execution.batch_size:
-                self._run_chunk(pending[: self.spec.execution.batch_size], output)
-                pending = pending[self.spec.execution.batch_size :]
+            pending += self._start(source, output)
+            while len(pending) >= batch_size:
+                self._run_chunk(pending[:batch_size], output)
+                del pending[:batch_size]
         if pending:
             self._run_chunk(pending, output)
         return output
@@ -161,19 +161,14 @@ class Augmenter:
     def replay(self, source: SourceSample, view: int, seed: int, applied: list[Applied]) -> bytes:
         """The encoded bytes of one sample from its recorded plan (seed only for the record)."""
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
-        item = self._load(source, view, seed, applied, opened)
+        (item,) = self._load(source, opened, [(view, seed, applied)])
         self._fetch_partners(item)
         self._run_items([item])
         return self._encode(item).image
 
     # ------------------------------------------------------------ stages
 
-    def _run_chunk(self, chunk: Sequence[tuple[SourceSample, int]], output: ShardOutput) -> None:
-        items = []
-        for source, view in chunk:
-            item = self._start(source, view, output)
-            if item is not None and self._with_partners(item, output):
-                items.append(item)
+    def _run_chunk(self, items: list[_Item], output: ShardOutput) -> None:
         try:
             self._run_items(items)
         except Exception:  # isolate the culprit: rerun alone, quarantine only what fails alone
@@ -185,57 +180,82 @@ class Augmenter:
             if encoded is not None:
                 output.samples.append(encoded)
 
-    def _start(self, source: SourceSample, view: int, output: ShardOutput) -> _Item | None:
+    def _start(self, source: SourceSample, output: ShardOutput) -> list[_Item]:
+        """Every view of one source, decoded (sharing what the views share) and with its
+        partners; what fails is quarantined per view."""
+        views = range(self.spec.views)
         if source.error is not None:
-            output.quarantined.append(
-                Quarantined(source.key, view, "read", "ReadError", source.error)
-            )
-            return None
+            output.quarantined += [
+                Quarantined(source.key, view, "read", "ReadError", source.error) for view in views
+            ]
+            return []
+        try:
+            items = self._views(source, views)
+        except Exception:  # noqa: BLE001 - each view alone words its own failure, as replay would
+            items = []
+            for view in views:
+                alone = _attempt(
+                    output, source.key, view, "decode", lambda v=view: self._views(source, [v])
+                )
+                items += alone or []
+        return [item for item in items if self._with_partners(item, output)]
 
-        def load() -> _Item:
-            opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
+    def _views(self, source: SourceSample, views: Iterable[int]) -> list[_Item]:
+        """The source opened once, each view's ops drawn from its own seed, then decoded."""
+        opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
+        shared = sample_seed(self.spec.seed, source.key, SHARED_VIEW)
+        plans = []
+        for view in views:
             seed = sample_seed(self.spec.seed, source.key, view)
-            shared = sample_seed(self.spec.seed, source.key, SHARED_VIEW)
             applied = draw_ops(self.pipeline, seed, opened.canvas, source_seed=shared)
-            return self._load(source, view, seed, applied, opened)
-
-        return _attempt(output, source.key, view, "decode", load)
+            plans.append((view, seed, applied))
+        return self._load(source, opened, plans)
 
     def _load(
         self,
         source: SourceSample,
-        view: int,
-        seed: int,
-        applied: list[Applied],
         opened: codec.Opened,
-    ) -> _Item:
-        reduction = decode_reduction(applied, opened.canvas)
-        needed = needed_box(applied, opened.canvas)
-        image, pending = self._decode(opened, reduction, needed)
-        return _Item(
-            source.key,
-            source.uri,
-            view,
-            seed,
-            source.label,
-            applied,
-            opened.canvas,
-            image,
-            opened.canvas,
-            pending,
-            source.targets,
-        )
+        plans: Sequence[tuple[int, int, list[Applied]]],
+    ) -> list[_Item]:
+        """Items of one source's views — (view, seed, applied ops) each — decoded together."""
+        canvas = opened.canvas
+        wanted = [decode_request(applied, canvas) for _, _, applied in plans]
+        decoded = self._decode(opened, wanted)
+        return [
+            _Item(
+                source.key,
+                source.uri,
+                view,
+                seed,
+                source.label,
+                applied,
+                canvas,
+                image,
+                canvas,
+                pending,
+                source.targets,
+            )
+            for (view, seed, applied), (image, pending) in zip(plans, decoded, strict=True)
+        ]
 
     def _decode(
-        self, opened: codec.Opened, reduction: int, needed: codec.Box | None = None
-    ) -> tuple[Image, np.ndarray]:
-        """The decoded pixels (see `Image`), and the matrix from them to the canvas. On the
-        CPU only the window of the source that `needed` says the first warp reads."""
+        self, opened: codec.Opened, wanted: Sequence[codec.Wanted]
+    ) -> list[tuple[Image, np.ndarray]]:
+        """Each view's pixels (see `Image`) and the matrix from them to the canvas, from as few
+        decodes as the views allow. On the CPU only the window of the source that a view's
+        `needed` box says its first warp reads (see `codec.decode_parts`)."""
         if self.uint8_path:
-            part = codec.decode_part(opened, reduction, needed)
-            x, y = part.origin
-            from_part = np.array([[1.0, 0, x], [0, 1, y], [0, 0, 1]])
-            return part.pixels, _rescale(part.size, opened.canvas) @ from_part
+            return [
+                (part.pixels, _rescale(part.size, opened.canvas) @ _translation(part.origin))
+                for part in codec.decode_parts(opened, wanted)
+            ]
+        decoded: dict[int, tuple[Image, np.ndarray]] = {}
+        for reduction, _ in wanted:
+            if reduction not in decoded:
+                decoded[reduction] = self._decode_on_device(opened, reduction)
+        return [decoded[reduction] for reduction, _ in wanted]
+
+    def _decode_on_device(self, opened: codec.Opened, reduction: int) -> tuple[Image, np.ndarray]:
         image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
             image = _upload(codec.decode(opened, reduction), self.device)
@@ -315,7 +335,7 @@ class Augmenter:
     def _partner_layer(self, source: SourceSample, tile: Tile | None) -> mixes.Layer:
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         reduction = 1 if tile is None else reduction_for(tile.matrix(opened.canvas))
-        image, to_canvas = self._decode(opened, reduction)
+        ((image, to_canvas),) = self._decode(opened, [(reduction, None)])
         return mixes.Layer(image, to_canvas, opened.canvas, source.targets, {source.label: 1.0})
 
     @staticmethod
@@ -370,6 +390,12 @@ def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
     """Pixel centres of a reduced decode → the full-size canvas they stand for."""
     sx, sy = canvas[1] / reduced[1], canvas[0] / reduced[0]
     return np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1.0]])
+
+
+def _translation(origin: tuple[int, int]) -> np.ndarray:
+    """A window's pixels → the whole decode's, the window's corner at `origin` (x, y)."""
+    x, y = origin
+    return np.array([[1.0, 0, x], [0, 1, y], [0, 0, 1]])
 
 
 def _size(image: Image) -> Canvas:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Canvas = tuple[int, int]  # (height, width)
 Params = dict[str, Any]
 Range = tuple[float, float]
+Region = tuple[float, float, float, float]  # (x0, y0, x1, y1) of the canvas, pixel centres
 
 
 def _as_range(value: object, around: float = 0.0) -> object:
@@ -829,20 +830,25 @@ def _fused(geometric: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray, Ca
     return matrix, canvas
 
 
-def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
-    """How much the source can shrink at decode: source pixels per output pixel, rounded down.
-
-    A pure function of the plan, so a replay decodes at the same scale as the job did.
-    """
-    return reduction_for(leading_warp(applied, canvas)[0])
-
-
-def needed_box(applied: Sequence[Applied], canvas: Canvas) -> tuple[float, ...] | None:
-    """The least box (x0, y0, x1, y1) of the source canvas where the first warp samples, or
-    None where it samples everywhere (no geometric op first; a perspective that folds the
-    horizon in). A pure function of the plan, like the decode's scale: the decode leaves the
-    rest out."""
+def decode_request(applied: Sequence[Applied], canvas: Canvas) -> tuple[int, Region | None]:
+    """What one sample asks of its source's decode, from its first warp: the reduction (source
+    pixels per output pixel, rounded down) and the least box (x0, y0, x1, y1) of the canvas
+    where that warp samples, or None where it samples everywhere (no geometric op first; a
+    perspective that folds the horizon in). A pure function of the plan, so a replay decodes
+    what the job decoded; the decode leaves the rest out."""
     matrix, drawn = leading_warp(applied, canvas)
+    return reduction_for(matrix), _box_sampled(matrix, drawn, canvas)
+
+
+def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
+    return decode_request(applied, canvas)[0]
+
+
+def needed_box(applied: Sequence[Applied], canvas: Canvas) -> Region | None:
+    return decode_request(applied, canvas)[1]
+
+
+def _box_sampled(matrix: np.ndarray, drawn: Canvas, canvas: Canvas) -> Region | None:
     if drawn == canvas and np.array_equal(matrix, np.eye(3)):
         return None
     height, width = drawn

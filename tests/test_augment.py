@@ -429,7 +429,8 @@ def test_decoding_only_the_needed_window_moves_no_pixel_beyond_rounding(monkeypa
     windowed = Augmenter(spec, "cpu").augment(_sources(photos))
     cut = [p for p in parts if p.pixels.shape[:2] != p.size]
     assert len(cut) > len(parts) / 2  # most crops leave part of the photo out
-    monkeypatch.setattr(augment, "needed_box", lambda applied, canvas: None)
+    request = augment.decode_request
+    monkeypatch.setattr(augment, "decode_request", lambda *a: (request(*a)[0], None))
     whole = Augmenter(spec, "cpu").augment(_sources(photos))
     for a, b in zip(windowed.samples, whole.samples, strict=True):
         assert a.ops == b.ops
@@ -445,6 +446,26 @@ def test_the_same_bytes_with_or_without_the_windowed_decoder(monkeypatch) -> Non
     monkeypatch.setattr(codec.jpeg_window, "decode", lambda *args: None)
     sliced = Augmenter(spec, "cpu").augment(_sources(photos))
     assert _hashes(windowed) == _hashes(sliced)
+
+
+def test_views_share_their_sources_decodes_without_moving_a_byte(monkeypatch) -> None:
+    """Eight views of a source are cut from as few decodes as their scales allow, and every
+    sample's bytes are those of its replay, which decodes for that view alone."""
+    photos = list(sampledata.make_photos(6, seed=11, short_side=(500, 900)))
+    spec = _spec(_CROPS, views=8, output={"image_format": "jpeg", "quality": 90})
+    decodes: list[int] = []
+    windowed, whole = codec.jpeg_window.decode, codec._decode_plain_jpeg
+    monkeypatch.setattr(codec.jpeg_window, "decode", lambda *a: decodes.append(1) or windowed(*a))
+    monkeypatch.setattr(codec, "_decode_plain_jpeg", lambda *a: decodes.append(1) or whole(*a))
+    augmenter = Augmenter(spec, "cpu")
+    output = augmenter.augment(_sources(photos))
+    assert len(output.samples) == 48 and len(decodes) <= 3 * len(photos)
+    by_key = {source.key: source for source in _sources(photos)}
+    for sample in output.samples:
+        replayed = augmenter.replay(
+            by_key[sample.source_key], sample.view, sample.seed, from_records(sample.ops)
+        )
+        assert replayed == sample.image, sample.sample_id
 
 
 def test_output_size_and_format(photos, device: str) -> None:

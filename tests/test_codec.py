@@ -381,6 +381,81 @@ def test_a_part_is_the_whole_image_where_no_window_applies(photos) -> None:
     assert part.origin == (0, 0) and part.pixels.shape[:2] == rotated.canvas
 
 
+def _views_of(opened: codec.Opened, boxes: list[tuple[float, float, float, float]]) -> list:
+    height, width = opened.canvas
+    return [(1, (x0 * width, y0 * height, x1 * width, y1 * height)) for x0, y0, x1, y1 in boxes]
+
+
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    windowed, whole = codec.jpeg_window.decode, codec._decode_plain_jpeg
+    monkeypatch.setattr(codec.jpeg_window, "decode", lambda *a: calls.append(1) or windowed(*a))
+    monkeypatch.setattr(codec, "_decode_plain_jpeg", lambda *a: calls.append(1) or whole(*a))
+    return calls
+
+
+def test_views_of_one_source_share_a_decode_and_each_gets_its_own_parts_pixels(
+    monkeypatch,
+) -> None:
+    """Overlapping windows at one scale come from one decode of their union; each view gets
+    the very window (origin, size, and the pixels a warp reads) that a decode of its own
+    gives, so sharing never moves an output byte."""
+    (photo,) = sampledata.make_photos(1, seed=8, short_side=(600, 640))
+    opened = codec.open_image(photo.jpeg, MAX_PIXELS)
+    wanted = _views_of(opened, [(0.1, 0.1, 0.6, 0.5), (0.3, 0.2, 0.8, 0.7), (0.2, 0.4, 0.5, 0.9)])
+    alone = [codec.decode_part(opened, *view) for view in wanted]
+    calls = _count_decodes(monkeypatch)
+    shared = codec.decode_parts(opened, wanted)
+    assert len(calls) == 1
+    margin = codec.jpeg_window.MARGIN
+    inside = (slice(margin, -margin), slice(margin, -margin))
+    for own, cut in zip(alone, shared, strict=True):
+        assert (cut.origin, cut.size, cut.pixels.shape) == (own.origin, own.size, own.pixels.shape)
+        np.testing.assert_array_equal(cut.pixels[inside], own.pixels[inside])
+
+
+def test_views_at_different_scales_decode_once_per_scale(monkeypatch) -> None:
+    (photo,) = sampledata.make_photos(1, seed=9, short_side=(600, 640))
+    opened = codec.open_image(photo.jpeg, MAX_PIXELS)
+    height, width = opened.canvas
+    wanted = [(1, None), (2, None), (1, (5.0, 5.0, width / 2, height / 2)), (2, None)]
+    calls = _count_decodes(monkeypatch)
+    parts = codec.decode_parts(opened, wanted)
+    assert len(calls) == 2
+    np.testing.assert_array_equal(parts[0].pixels, codec.decode(opened, 1))
+    np.testing.assert_array_equal(parts[1].pixels, codec.decode(opened, 2))
+    assert np.shares_memory(parts[3].pixels, parts[1].pixels)
+
+
+def test_far_apart_small_windows_of_a_large_photo_are_decoded_apart(monkeypatch) -> None:
+    """A union mostly of pixels no view reads costs more than the windows alone: each view
+    then gets a decode of its own."""
+    (photo,) = sampledata.make_photos(1, seed=10, short_side=(1800, 1900))
+    opened = codec.open_image(photo.jpeg, MAX_PIXELS)
+    wanted = _views_of(opened, [(0.0, 0.0, 0.05, 0.05), (0.9, 0.9, 0.95, 0.95)])
+    calls = _count_decodes(monkeypatch)
+    parts = codec.decode_parts(opened, wanted)
+    assert len(calls) == 2
+    for view, part in zip(wanted, parts, strict=True):
+        own = codec.decode_part(opened, *view)
+        np.testing.assert_array_equal(part.pixels, own.pixels)
+
+
+def test_a_source_not_plain_jpeg_is_decoded_once_for_all_views_at_one_reduction(
+    monkeypatch,
+) -> None:
+    """PNGs (and EXIF-rotated or CMYK JPEGs) decode whole: views at one reduction share it,
+    and a second reduction of the same opened image is decoded afresh, not from a drafted
+    image."""
+    pixels = _gradient(400, 600)
+    opened = codec.open_image(_save(Image.fromarray(pixels), "PNG"), MAX_PIXELS)
+    parts = codec.decode_parts(opened, [(1, None), (1, (10.0, 10.0, 50.0, 50.0)), (2, None)])
+    assert np.shares_memory(parts[0].pixels, parts[1].pixels)
+    np.testing.assert_array_equal(parts[0].pixels, pixels)
+    assert parts[2].pixels.shape == (200, 300, 3)
+    np.testing.assert_array_equal(parts[2].pixels, _decode(opened.data, 2))
+
+
 # ---------------------------------------------------------------- encode
 
 
