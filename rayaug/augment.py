@@ -43,6 +43,7 @@ from rayaug.records import (
     sample_seed,
 )
 from rayaug.spec import JobSpec
+from rayaug.streams import Streams
 
 if TYPE_CHECKING:
     import torch
@@ -204,11 +205,12 @@ class Augmenter:
         """The source opened once, each view's ops drawn from its own seed, then decoded."""
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
         shared = sample_seed(self.spec.seed, source.key, SHARED_VIEW)
-        plans = []
-        for view in views:
-            seed = sample_seed(self.spec.seed, source.key, view)
-            applied = draw_ops(self.pipeline, seed, opened.canvas, source_seed=shared)
-            plans.append((view, seed, applied))
+        seeds = {view: sample_seed(self.spec.seed, source.key, view) for view in views}
+        streams = Streams([*seeds.values(), shared], len(self.pipeline))
+        plans = [
+            (view, seed, draw_ops(self.pipeline, seed, opened.canvas, shared, streams))
+            for view, seed in seeds.items()
+        ]
         return self._load(source, opened, plans)
 
     def _load(

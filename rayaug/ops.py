@@ -20,6 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rayaug.streams import Streams
+
 Canvas = tuple[int, int]  # (height, width)
 Params = dict[str, Any]
 Range = tuple[float, float]
@@ -785,17 +787,24 @@ def advance(name: str, params: Params, canvas: Canvas) -> Canvas:
 
 
 def draw_ops(
-    pipeline: Sequence[Op], seed: int, canvas: Canvas, source_seed: int | None = None
+    pipeline: Sequence[Op],
+    seed: int,
+    canvas: Canvas,
+    source_seed: int | None = None,
+    streams: Streams | None = None,
 ) -> list[Applied]:
     """Every random choice for one sample, from its seed alone (each op its own stream).
 
     An op with `same_on_views` draws from `source_seed` (the same for every view of a
-    source) instead; without one, the sample is planned on its own.
+    source) instead; without one, the sample is planned on its own. `streams`: the op streams
+    seeded beforehand for these seeds (all the views of a source at once), else seeded here.
     """
+    if streams is None:
+        streams = Streams([seed] if source_seed is None else [seed, source_seed], len(pipeline))
     applied = []
     for position, op in enumerate(pipeline):
         shared = op.same_on_views and source_seed is not None
-        rng = np.random.default_rng([source_seed if shared else seed, position])
+        rng = streams(source_seed if shared else seed, position)
         if rng.random() >= op.p:
             continue
         for sub, (name, params) in enumerate(op.steps(rng, canvas)):
