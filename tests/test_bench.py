@@ -101,6 +101,7 @@ def test_albumentations_draws_every_view_from_one_decode(
     monkeypatch.setattr(cv2, "imdecode", counting_imdecode)
     monkeypatch.setattr(pool, "_RECIPE", TABLE["c"])
     monkeypatch.setattr(pool, "_VIEWS", 4)
+    monkeypatch.setattr(pool, "_ALBU", None)  # set by _albu_init: restored after the test
     pool._albu_init(None)
     assert pool._albu_shard((0, items, tmp_path)) == 12
     assert len(decodes) == 3
