@@ -134,18 +134,23 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     check_reachable(out, must_exist=False)
     lease = commit.Lease(out)
     lease.acquire()
-    # Nothing refused it so far: an embedded Ray starts now, beside the planning (the input's
-    # listing, the committed shards) rather than after it. It is stopped on every exit.
-    local_ray = LocalRayStart.begin() if _starts_local_ray(options) else None
+    # An embedded Ray starts in the background (stopped on every exit), as early as nothing
+    # can refuse the run any more: on a fresh output beside the planning (the input's listing,
+    # which can take long), else once the plan matches the recorded job and work is left.
+    local = _starts_local_ray(options)
+    fresh = not out.exists(commit.FINGERPRINT)
+    local_ray = LocalRayStart.begin() if local and fresh else None
     try:
         plan = prepare(spec, source, out)
         # One listing for both the count and the work left: a shard committed between two
         # listings (by a writer of a stopped run still finishing) would be neither.
         committed = commit.committed_shards(out)
+        pending = pending_units(plan, committed)
+        if local and pending and local_ray is None:
+            local_ray = LocalRayStart.begin()  # beside the count of what is committed
         run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out, committed), progress)
         progress.started(run.tally)
         startup = time.monotonic() - started
-        pending = pending_units(plan, committed)
         if pending:
             startup = run.execute(pending, options, started, local_ray)
         if run.tally.over_budget(spec.errors.max_error_rate, final=True):
@@ -336,8 +341,12 @@ class LocalRayStart:
 
     def wait(self) -> bool:
         self._up.wait()
-        if self._error is not None:
+        if isinstance(self._error, RayaugError | KeyboardInterrupt | SystemExit):
             raise self._error
+        if self._error is not None:  # Ray's own (a node that did not come up in time): one line
+            raise JobFailed(
+                f"the embedded Ray did not start: {_root_cause(self._error)}"
+            ) from self._error
         return True
 
     def stop(self) -> None:
