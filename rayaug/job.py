@@ -543,6 +543,7 @@ def calls_per_actor(units: int, actors: int) -> int:
 def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: dict):
     import ray
     from ray.data import ActorPoolStrategy, DataContext
+    from ray.data.context import DEFAULT_WAIT_FOR_MIN_ACTORS_S
 
     context = DataContext.get_current()
     context.enable_progress_bars = False
@@ -553,11 +554,13 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
     calls = calls_per_actor(len(pending), shape.size)
-    if calls < CALLS_PER_ACTOR:
-        # Few units: start dispatching once every actor is up, so that each takes its own
-        # (the least busy actor gets the next unit) rather than the first one up taking them
-        # one after another. Bounded: a pool that cannot be placed fails the run in one line.
-        context.wait_for_min_actors_s = ACTORS_UP_TIMEOUT_S
+    # Few units: start dispatching once every actor is up, so that each takes its own (the
+    # least busy actor gets the next unit) rather than the first one up taking them one after
+    # another. Bounded: a pool that cannot be placed fails the run in one line. The context is
+    # the process's: a later pipeline of many units gets Ray Data's default back.
+    context.wait_for_min_actors_s = (
+        ACTORS_UP_TIMEOUT_S if calls < CALLS_PER_ACTOR else DEFAULT_WAIT_FOR_MIN_ACTORS_S
+    )
     _inline_actor_arguments()
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
     dataset = ray.data.from_items(units, override_num_blocks=len(units))
