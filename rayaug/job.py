@@ -306,7 +306,8 @@ class LocalRayStart:
     """The embedded Ray, started in a thread of its own while the driver plans.
 
     `ray.init` of a local node waits seconds for its processes (GCS, raylet, agents) to come
-    up, mostly on the other core; the driver's planning and Ray Data's import run meanwhile.
+    up, mostly on the other core; the driver plans meanwhile, and the same thread imports Ray
+    Data after it, before the driver needs it.
     `wait()` returns once Ray is up (True: this run owns it), or raises what starting it
     raised; `stop()` shuts Ray down (from the calling thread) and lets the starter end.
 
