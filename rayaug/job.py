@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import pickle
+import sys
 import threading
 import time
 import warnings
@@ -46,9 +47,13 @@ FORWARDED_ENV = (
     "AWS_DEFAULT_REGION",
 )
 # Shards in flight per actor: one's reads and writes wait on storage while another augments.
+# A job with fewer shards than that fills (fewer than CALLS_PER_ACTOR per actor) gets one call
+# per actor instead: the first actor ready would otherwise take two while another sat idle.
 CALLS_PER_ACTOR = 2
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
+# How long a job of few units waits for its whole actor pool before dispatching (see _pipeline).
+ACTORS_UP_TIMEOUT_S = 600
 # The CLI draws its own progress; Ray's start-up chatter would bury it.
 QUIET = {"log_to_driver": False, "logging_level": logging.ERROR}
 
@@ -129,17 +134,25 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     check_reachable(out, must_exist=False)
     lease = commit.Lease(out)
     lease.acquire()
+    # An embedded Ray starts in the background (stopped on every exit), as early as nothing
+    # can refuse the run any more: on a fresh output beside the planning (the input's listing,
+    # which can take long), else once the plan matches the recorded job and work is left.
+    local = _starts_local_ray(options)
+    fresh = not out.exists(commit.FINGERPRINT)
+    local_ray = LocalRayStart.begin() if local and fresh else None
     try:
         plan = prepare(spec, source, out)
         # One listing for both the count and the work left: a shard committed between two
         # listings (by a writer of a stopped run still finishing) would be neither.
         committed = commit.committed_shards(out)
+        pending = pending_units(plan, committed)
+        if local and pending and local_ray is None:
+            local_ray = LocalRayStart.begin()  # beside the count of what is committed
         run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out, committed), progress)
         progress.started(run.tally)
         startup = time.monotonic() - started
-        pending = pending_units(plan, committed)
         if pending:
-            startup = run.execute(pending, options, started)
+            startup = run.execute(pending, options, started, local_ray)
         if run.tally.over_budget(spec.errors.max_error_rate, final=True):
             raise JobFailed(run.budget_message())
         removed = _finish(spec, out)
@@ -149,6 +162,9 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     except BaseException:
         _release_after_failure(lease)
         raise
+    finally:
+        if local_ray is not None:
+            local_ray.stop()  # done already by execute, else a run with nothing to execute
     lease.release()
     return summary
 
@@ -181,11 +197,17 @@ class _Run:
     tally: Tally
     progress: Progress
 
-    def execute(self, pending: list[WorkUnit], options: RunOptions, started: float) -> float:
+    def execute(
+        self,
+        pending: list[WorkUnit],
+        options: RunOptions,
+        started: float,
+        local_ray: LocalRayStart | None = None,
+    ) -> float:
         """Stream the pending units through Ray Data; returns the start-up seconds."""
         import ray
 
-        owns_ray = _connect(options)
+        owns_ray = local_ray.wait() if local_ray is not None else _connect(options)
         dataset = None
         try:
             dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
@@ -209,7 +231,9 @@ class _Run:
             ) from error
         finally:
             _stop_ray_data(dataset)
-            if owns_ray:
+            if local_ray is not None:
+                local_ray.stop()
+            elif owns_ray:
                 ray.shutdown()
 
     def _check_still_going(self) -> None:
@@ -270,6 +294,93 @@ def _root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:400]}"
 
 
+def _starts_local_ray(options: RunOptions) -> bool:
+    """Whether `_connect` would start an embedded Ray (no cluster named, none running here)."""
+    if options.address or os.environ.get("RAY_ADDRESS"):
+        return False
+    ray = sys.modules.get("ray")  # not imported yet: certainly not initialized
+    return ray is None or not ray.is_initialized()
+
+
+class LocalRayStart:
+    """The embedded Ray, started in a thread of its own while the driver plans.
+
+    `ray.init` of a local node waits seconds for its processes (GCS, raylet, agents) to come
+    up, mostly on the other core; the driver plans meanwhile, and the same thread imports Ray
+    Data after it, before the driver needs it.
+    `wait()` returns once Ray is up (True: this run owns it), or raises what starting it
+    raised; `stop()` shuts Ray down (from the calling thread) and lets the starter end.
+
+    The starter thread lives until then: Ray ties its GCS and raylet to the thread that
+    spawned them (Linux's parent-death signal is per thread), so a starter that returned
+    would kill the node under the run.
+    """
+
+    def __init__(self) -> None:
+        self._error: BaseException | None = None
+        self._up = threading.Event()
+        self._release = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._start, name="rayaug-ray-start", daemon=True)
+
+    @classmethod
+    def begin(cls) -> LocalRayStart:
+        starting = cls()
+        _exit_on_sigterm()  # ray.init sets this only from the main thread
+        starting._thread.start()
+        return starting
+
+    def _start(self) -> None:
+        try:
+            start_local_ray(include_dashboard=False, **QUIET)
+            import ray.data  # noqa: F401 - its import (≈ 0.5 s) is off the driver's path too
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            self._error = error
+        finally:
+            self._up.set()
+        self._release.wait()  # keep the node's processes' parent alive until stop()
+
+    def wait(self) -> bool:
+        self._up.wait()
+        if isinstance(self._error, RayaugError | KeyboardInterrupt | SystemExit):
+            raise self._error
+        if self._error is not None:  # Ray's own (a node that did not come up in time): one line
+            raise JobFailed(
+                f"the embedded Ray did not start: {_root_cause(self._error)}"
+            ) from self._error
+        return True
+
+    def stop(self) -> None:
+        """Shut the Ray down (once its start has finished) and end the starter thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._up.wait()
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            self._release.set()
+            self._thread.join()
+
+
+def _exit_on_sigterm() -> None:
+    """What ray.init does from the main thread: SIGTERM ends the driver through SystemExit,
+    so that its `finally` blocks (the lease, Ray's shutdown) run."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def exit_on_sigterm(signum, frame):
+        raise SystemExit(signum)
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
+
+
 def _connect(options: RunOptions) -> bool:
     """Join the given cluster (or the one RAY_ADDRESS names), else start a local one."""
     import ray
@@ -287,7 +398,9 @@ def _connect(options: RunOptions) -> bool:
         with ray_on_loopback(address):
             ray.init(address=address, **QUIET)
     else:
-        start_local_ray(include_dashboard=False, runtime_env={"env_vars": env_vars}, **QUIET)
+        # The local node's workers inherit this process's environment (FORWARDED_ENV included):
+        # no runtime_env, so that the workers the raylet starts ahead serve the pool's actors.
+        start_local_ray(include_dashboard=False, **QUIET)
     return True
 
 
@@ -332,13 +445,49 @@ def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+# What a single-node Ray of rayaug's own runs without (Ray's RayConfig, for every process of
+# the node): metrics collection and export (a thread in every worker, the agents' exporters).
+LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+
+
+@contextlib.contextmanager
+def lean_head_node(include_dashboard: bool) -> Iterator[None]:
+    """While ray.init starts a local head node, leave out the processes nobody uses there.
+
+    - the log monitor: it forwards workers' output to the driver, which rayaug turns off
+      (`log_to_driver=False`); the output stays in the session's log files;
+    - the autoscaler's monitor: one fixed node has nothing to scale;
+    - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
+      API: a local run submits no job, and usage stats are off for rayaug's runs).
+    Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`), so the
+    three start methods of the node are skipped for the length of ray.init only.
+    """
+    from ray._private import node
+
+    skipped = ["start_log_monitor", "start_monitor"]
+    if not include_dashboard:
+        skipped.append("start_api_server")
+    saved = {name: getattr(node.Node, name) for name in skipped}
+    for name in skipped:
+        setattr(node.Node, name, lambda self, *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(node.Node, name, method)
+
+
 def start_local_ray(**init_args: object) -> None:
     """Start a fresh Ray of this process's own that registers 127.0.0.1 and listens on
-    loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not."""
+    loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not.
+    It runs without the processes and the metrics a single local node does not need
+    (`lean_head_node`, LOCAL_SYSTEM_CONFIG)."""
     import ray
 
-    with ray_on_loopback():
+    system_config = {**LOCAL_SYSTEM_CONFIG, **init_args.pop("_system_config", {})}
+    with ray_on_loopback(), lean_head_node(bool(init_args.get("include_dashboard"))):
         ray.init(
+            _system_config=system_config,
             # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
             # recorded in /tmp/ray/ray_current_cluster, which a killed rayaug leaves behind
             # pointing at a dead GCS: the next run (its resume) hung connecting to it.
@@ -385,9 +534,17 @@ def pool_shape(execution: ExecutionSpec, cpus: float, gpus: float) -> PoolShape:
     return PoolShape(size, round(cpus_per_actor, 3), gpus_per_actor)
 
 
+def calls_per_actor(units: int, actors: int) -> int:
+    """Shards in flight per actor: CALLS_PER_ACTOR (storage waits overlap the other shard's
+    compute) when every actor can be given that many, else one, so that each shard goes to an
+    actor of its own (Ray Data hands a unit to the first actor with a free slot)."""
+    return CALLS_PER_ACTOR if units >= CALLS_PER_ACTOR * actors else 1
+
+
 def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: dict):
     import ray
     from ray.data import ActorPoolStrategy, DataContext
+    from ray.data.context import DEFAULT_WAIT_FOR_MIN_ACTORS_S
 
     context = DataContext.get_current()
     context.enable_progress_bars = False
@@ -397,6 +554,15 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         # rayaug reports a failed stage in one line; Ray Data would print its traceback first.
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
+    calls = calls_per_actor(len(pending), shape.size)
+    # Few units: start dispatching once every actor is up, so that each takes its own (the
+    # least busy actor gets the next unit) rather than the first one up taking them one after
+    # another. Bounded: a pool that cannot be placed fails the run in one line. The context is
+    # the process's: a later pipeline of many units gets Ray Data's default back.
+    context.wait_for_min_actors_s = (
+        ACTORS_UP_TIMEOUT_S if calls < CALLS_PER_ACTOR else DEFAULT_WAIT_FOR_MIN_ACTORS_S
+    )
+    _inline_actor_arguments()
     units = [{"unit": pickle.dumps(unit)} for unit in pending]
     dataset = ray.data.from_items(units, override_num_blocks=len(units))
     with warnings.catch_warnings():
@@ -409,12 +575,12 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
                 "spec": spec,
                 "fmt": plan.format,
                 "num_gpus": shape.gpus_per_actor,
-                "sources": _source_index_args(spec, plan),
             },
             batch_size=1,
             batch_format="numpy",
             compute=ActorPoolStrategy(
-                size=shape.size, max_concurrent_calls_per_actor=CALLS_PER_ACTOR
+                size=shape.size,
+                max_concurrent_calls_per_actor=calls,
             ),
             num_cpus=shape.cpus_per_actor,
             num_gpus=shape.gpus_per_actor,
@@ -428,9 +594,55 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         )
 
 
-def _source_index_args(spec: JobSpec, plan: JobPlan) -> bytes | None:
-    """Every unit of the plan (not only those pending): partners come from all sources."""
-    return pickle.dumps((plan.format, plan.units)) if spec.mixes else None
+# Ray Data's by-reference constructor arguments of a pool actor (cached properties of its operator).
+INLINE_ARGS = ("_map_transformer_ref", "_data_context_ref")
+
+
+def _inline_actor_arguments() -> None:
+    """Create Ray Data's pool actors with their constructor arguments inline, not in the store.
+
+    Ray Data 2.60 `ray.put`s a map operator's transformer (which holds `_ShardStage` and its
+    constructor kwargs) and its DataContext, and creates each pool actor with those two object
+    refs. Ray restarts an actor (max_restarts, which makes a killed actor recoverable) by running
+    its creation task again, but does not keep constructor arguments in the object store alive
+    for that (ray-project/ray#53727), and the driver's core worker says so at error level on
+    every run: the `core_worker.cc ... constructor arguments in the object store and
+    max_restarts > 0` line. Passed by value, the arguments travel in the actor's creation task
+    itself, which the GCS keeps for every restart, wherever the actor restarts. Both are small,
+    a few KiB (the spec, the format; the source index of mix jobs is read by the actor from
+    the output's recorded plan rather than passed): under Ray's inline limit (100 KiB, above
+    which Ray would put an argument in the object store after all).
+
+    Installed once per process, on the operator class of the pinned Ray version; a Ray whose
+    operator differs is left as it is (the arguments then go by reference, as Ray Data does).
+    """
+    try:
+        from ray.data._internal.execution.operators.actor_pool_map_operator import (
+            ActorPoolMapOperator,
+        )
+    except ImportError:
+        return
+    start_actor = getattr(ActorPoolMapOperator, "_start_actor", None)
+    if start_actor is None or getattr(start_actor, "_rayaug_inline", False):
+        return
+    if not all(hasattr(ActorPoolMapOperator, name) for name in INLINE_ARGS):
+        return
+
+    def start_inline(self, *args, **kwargs):
+        # Both are functools.cached_property: a value in the instance's __dict__ takes their
+        # place while this actor is created; the refs (for the tasks) are put back after.
+        saved = {n: self.__dict__.pop(n) for n in INLINE_ARGS if n in self.__dict__}
+        self.__dict__["_map_transformer_ref"] = self._map_transformer
+        self.__dict__["_data_context_ref"] = self.data_context
+        try:
+            return start_actor(self, *args, **kwargs)
+        finally:
+            for name in INLINE_ARGS:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(saved)
+
+    start_inline._rayaug_inline = True
+    ActorPoolMapOperator._start_actor = start_inline
 
 
 # ---------------------------------------------------------------- the stage (runs on workers)
@@ -443,16 +655,15 @@ class _ShardStage:
     through Ray's object store, only the unit in and its commit record out.
     """
 
-    def __init__(self, spec: JobSpec, fmt: str, num_gpus: float, sources: bytes | None) -> None:
+    def __init__(self, spec: JobSpec, fmt: str, num_gpus: float) -> None:
         self.spec = spec
         self.fmt = fmt
         self.source = open_location(spec.input.uri, spec.storage)
         self.out = open_location(spec.output.uri, spec.storage)
         self.context = WriteContext(spec.output, spec.views, versions())
         partners = None
-        if sources is not None:  # mix ops read their partners from the input themselves
-            fmt_of_units, units = pickle.loads(sources)
-            partners = Partners(SourceIndex(self.source, spec.input, fmt_of_units, units))
+        if spec.mixes:  # mix ops read their partners from the input themselves
+            partners = Partners(_source_index(self.source, spec, self.out))
         self.augmenter = Augmenter(spec, pick_device(num_gpus), partners)
         self.device_lock = threading.Lock()
 
@@ -465,6 +676,20 @@ class _ShardStage:
         with self.device_lock:  # concurrent calls overlap only their storage waits
             output = self.augmenter.augment(samples)
         return write_shard(self.out, unit.shard, output, self.context)
+
+
+def _source_index(source: Location, spec: JobSpec, out: Location) -> SourceIndex:
+    """Every source of the plan (not only the pending units'): partners come from all sources.
+
+    Read from the plan the job recorded in its output (`_job/plan.json`, written before any
+    shard, the one `rayaug replay` reads too), not handed to the actor: its constructor's
+    arguments stay a few KiB (inline in the actor's creation task, see _inline_actor_arguments)
+    whatever the input's size, and a restarted actor reads the same record again."""
+    recorded = commit.read_json(out, commit.PLAN)
+    if recorded is None:  # prepare() writes it before the fingerprint that lets a run go on
+        raise RayaugError(f"{out.uri} has no {commit.PLAN}; run `rayaug resume {out.uri}`")
+    plan = JobPlan.from_json(recorded)
+    return SourceIndex(source, spec.input, plan.format, plan.units)
 
 
 # ---------------------------------------------------------------- end of the job

@@ -17,6 +17,7 @@ import ctypes.util
 import functools
 import importlib.util
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +87,7 @@ def _handle(library: ctypes.CDLL) -> int:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    for path in (*_bundled(), ctypes.util.find_library("turbojpeg")):
+    for path in _candidates():
         if path is None:
             continue
         try:
@@ -96,6 +97,14 @@ def _library() -> ctypes.CDLL | None:
         if hasattr(library, "tj3SetCroppingRegion"):  # TurboJPEG 3 and later
             return _declare(library)
     return None
+
+
+def _candidates() -> Iterator[Path | str | None]:
+    """The wheel's library first; the system's only if that one is missing or too old:
+    ctypes.util.find_library runs ldconfig and then gcc (a compiler and linker run, in every
+    actor, before its first decode)."""
+    yield from _bundled()
+    yield ctypes.util.find_library("turbojpeg")
 
 
 def _bundled() -> list[Path]:

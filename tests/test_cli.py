@@ -24,6 +24,10 @@ OPS = [
 ]
 
 
+# The prefix of an error-level line of Ray's C++ log: [date time,ms E pid tid].
+RAY_ERROR_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,]+ E \d+ \d+\]")
+
+
 def write_spec(path: Path, source: Path | str, out: Path | str, **extra) -> Path:
     spec = {"input": {"uri": str(source)}, "output": {"uri": str(out), "shard_size": 8},
             "views": 2, "seed": 5, "ops": OPS,
@@ -169,6 +173,10 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     # The user reads rayaug's own lines, not Ray's start-up log and deprecation warnings.
     for chatter in ("Started a local Ray instance", "Token authentication", "Warning"):
         assert chatter not in done.stderr
+    # A healthy run has no error-level line: neither Python's ("ERROR name: ...") nor one of
+    # Ray's C++ components ("[2026-01-02 03:04:05,678 E 123 456] core_worker.cc:...").
+    for line in done.stderr.splitlines():
+        assert "ERROR" not in line and not RAY_ERROR_PREFIX.search(line), done.stderr
 
 
 def _session_processes(sid: int) -> list[str]:

@@ -20,7 +20,7 @@ from conftest import BUCKET, RecordingProgress
 
 from rayaug import commit, outputs, sampledata
 from rayaug.errors import JobFailed, UsageError
-from rayaug.job import RunOptions, pool_shape, run_job
+from rayaug.job import CALLS_PER_ACTOR, RunOptions, calls_per_actor, pool_shape, run_job
 from rayaug.replay import replay
 from rayaug.reports.summary import verify
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
@@ -103,6 +103,62 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
     assert set(manifest.column("width").to_pylist()) == {64}
     output = outputs.recorded_output(open_location(str(out), StorageSpec()))
     assert verify(output) == []
+
+
+def test_calls_per_actor_overlap_only_when_every_actor_gets_that_many() -> None:
+    assert calls_per_actor(2, 2) == 1  # 2 shards, 2 actors: one each
+    assert calls_per_actor(3, 2) == 1
+    assert calls_per_actor(2 * CALLS_PER_ACTOR, 2) == CALLS_PER_ACTOR
+    assert calls_per_actor(1000, 2) == CALLS_PER_ACTOR  # large jobs keep storage waits overlapped
+    assert calls_per_actor(1, 1) == 1
+
+
+def _shard_actor_tasks() -> dict[str, set[str]]:
+    """Per pool actor (by id) the ids of the shard calls it ran, from Ray's own task events
+    (the GCS's record of every task: its actor, its state), not from anything rayaug writes."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    finished = common_pb2.TaskStatus.Value("FINISHED")
+    actor_of: dict[str, str] = {}
+    done: set[str] = set()
+    for raw in state._connect_and_get_accessor().get_task_events():
+        event = gcs_pb2.TaskEvents.FromString(raw)  # one task's events (they may come apart)
+        task, info = event.task_id.hex(), event.task_info
+        if "_ShardStage" in info.name and "submit" in info.name and info.actor_id:
+            actor_of[task] = ray.ActorID(info.actor_id).hex()
+        if finished in event.state_updates.state_ts_ns:
+            done.add(task)
+    tasks: dict[str, set[str]] = {}
+    for task, actor in actor_of.items():
+        if task in done:
+            tasks.setdefault(actor, set()).add(task)
+    return tasks
+
+
+def test_a_two_shard_job_runs_one_shard_on_each_of_two_actors(
+    ray_cluster: str, photos, tmp_path: Path
+) -> None:
+    """Ray Data hands a unit to the first actor with a free call: two calls per actor let the
+    first actor up take both shards while the other sat idle. Each shard on its own actor."""
+    sampledata.write_folder(photos[:8], tmp_path / "input")
+    spec = make_spec(
+        str(tmp_path / "input"), str(tmp_path / "out"), output={"shard_size": 4},
+        views=1, execution={"batch_size": 4, "concurrency": 2},
+    )
+    from ray._private.state import state
+
+    earlier = set(state.actor_table(None))  # the actors of earlier tests' jobs
+    progress = run(spec)
+    assert len(progress.commits) == 2
+    deadline = time.monotonic() + 60  # task events reach the GCS in periodic batches
+    while True:
+        ran = {a: calls for a, calls in _shard_actor_tasks().items() if a not in earlier}
+        if sum(map(len, ran.values())) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(map(len, ran.values())) == [1, 1], ran
 
 
 def test_same_bytes_whatever_batch_size_and_actor_count(
