@@ -87,12 +87,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: record each test's group and put the groups first (each in its
-    order), so that the first units handed out, one per worker, are the two groups."""
+    """In an xdist worker: record each test's group and order the tests SESSION_RAY, the
+    ungrouped ones, OWN_RAY (each keeping its order). One worker takes the SESSION_RAY unit
+    first; the other works through the quick ungrouped tests while the session's SeaweedFS
+    and Ray start (Ray gives its raylet a fixed 30 s to register, which two Rays starting at
+    once on a loaded 2-core machine overran), then takes OWN_RAY."""
     path = os.environ.get(GROUPS_FILE)
     if not (os.environ.get("PYTEST_XDIST_WORKER") and path):
         return
-    rank = {SESSION_RAY: 0, OWN_RAY: 1, None: 2}
+    rank = {SESSION_RAY: 0, None: 1, OWN_RAY: 2}
     groups = {item: _group(item) for item in items}
     items.sort(key=lambda item: rank[groups[item]])  # stable
     written = Path(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}")  # every worker writes the same
@@ -116,6 +119,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 (xd
                 self.groups = json.loads(Path(os.environ[GROUPS_FILE]).read_text() or "{}")
             return self.groups.get(nodeid, nodeid)
 
+    config.option.loadscopereorder = False  # keep the order above, not biggest unit first
     return GroupScheduling(config, log)
 
 
