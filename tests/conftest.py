@@ -2,11 +2,21 @@
 
 Ray starts after the S3 server so that its workers inherit the S3 credentials (as they
 would from a node's environment in production).
+
+Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) the tests are put in two
+groups, each run by one worker in its usual order: SESSION_RAY, every test that needs that Ray
+or that server (so there is still one SeaweedFS and one session Ray); OWN_RAY, the tests that
+start a Ray of their own (the embedded Ray of a `rayaug run` subprocess, test heads, the bench
+smoke run, the loopback proof in its network namespace) or are otherwise marked slow, so two of
+those never start side by side. The rest (kernels, ops, codec, spec, ...) fill in wherever a
+worker is free. Without xdist nothing changes.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +26,8 @@ from s3server import SeaweedS3
 from rayaug import sampledata
 
 BUCKET = "rayaug-test"
+SESSION_RAY = "session-ray"  # xdist_group: tests on the session's Ray or SeaweedFS
+OWN_RAY = "own-ray"  # xdist_group: tests that start a Ray of their own, and the other slow ones
 
 
 class RecordingProgress:
@@ -40,6 +52,75 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="device for the augment tests: cpu (uint8 OpenCV kernels; the augment tests also"
         " run cpu-kornia, the device path on the CPU), cpu-kornia alone, or cuda on a GPU",
     )
+
+
+def _group(item: pytest.Item) -> str | None:
+    if {"ray_cluster", "s3"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
+        "s3"
+    ):
+        return SESSION_RAY
+    if item.get_closest_marker("own_ray") or item.get_closest_marker("slow"):
+        return OWN_RAY
+    return None
+
+
+# xdist 3.8's own loadgroup puts the group in the test id through an attribute pytest 9 no
+# longer reads, so it groups nothing here. Instead the workers write each grouped test's group
+# to GROUPS_FILE (a file the controller names in the environment they inherit), and the
+# controller's scheduler reads it: same-group tests form one unit of work, like loadgroup's.
+GROUPS_FILE = "RAYAUG_TEST_GROUPS_FILE"
+
+
+def _grouping(config: pytest.Config) -> bool:
+    return getattr(config.option, "dist", "no") == "loadgroup" and bool(
+        getattr(config.option, "numprocesses", None)
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _grouping(config) and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller
+        handle, path = tempfile.mkstemp(prefix="rayaug-test-groups.", suffix=".json")
+        os.close(handle)
+        os.environ[GROUPS_FILE] = path
+        config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: record each test's group and order the tests SESSION_RAY, the
+    ungrouped ones, OWN_RAY (each keeping its order). One worker takes the SESSION_RAY unit
+    first; the other works through the quick ungrouped tests while the session's SeaweedFS
+    and Ray start (Ray gives its raylet a fixed 30 s to register, which two Rays starting at
+    once on a loaded 2-core machine overran), then takes OWN_RAY."""
+    path = os.environ.get(GROUPS_FILE)
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and path):
+        return
+    rank = {SESSION_RAY: 0, None: 1, OWN_RAY: 2}
+    groups = {item: _group(item) for item in items}
+    items.sort(key=lambda item: rank[groups[item]])  # stable
+    written = Path(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}")  # every worker writes the same
+    written.write_text(json.dumps({i.nodeid: g for i, g in groups.items() if g}))
+    os.replace(written, path)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 (xdist's types)
+    if not _grouping(config):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """loadgroup by GROUPS_FILE: a grouped test's unit is its group, any other its own."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once every worker has collected
+                self.groups = json.loads(Path(os.environ[GROUPS_FILE]).read_text() or "{}")
+            return self.groups.get(nodeid, nodeid)
+
+    config.option.loadscopereorder = False  # keep the order above, not biggest unit first
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

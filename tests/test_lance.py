@@ -50,7 +50,7 @@ def _manifest_rows(out: Location) -> list[tuple[str, str]]:
     return list(zip(manifest["sample_id"].to_pylist(), manifest["sha256"].to_pylist(), strict=True))
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_the_dataset_version_holds_exactly_the_committed_shards(
     where: str, request: pytest.FixtureRequest, tmp_path: Path, photos: list[SamplePhoto]
 ) -> None:

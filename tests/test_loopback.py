@@ -21,6 +21,8 @@ import yaml
 
 from rayaug import sampledata
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own, in a network namespace
+
 NETWORK_ADDRESS = "198.51.100.1"
 # Inside the namespace: bring up lo, give it a network address and a default route, run the
 # job in the background and list the listening sockets every 0.3 s until it ends.

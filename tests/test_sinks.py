@@ -97,7 +97,7 @@ def output_at(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> Rec
     return _recording(open_location(uri, StorageSpec(retries=1)))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def out(request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
     return output_at(request.param, request, tmp_path)
 

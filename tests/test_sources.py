@@ -51,7 +51,7 @@ def _upload(s3: SeaweedS3, local: Path) -> str:
     return f"s3://{prefix}"
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[Path], Location]:
     """Turns a local input tree into a Location: the folder itself, or a copy on S3."""
 
