@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 import yaml
+from benchmark.measuring import pss_of  # scripts/ is this script's folder: on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERVAL = 0.2
@@ -72,17 +73,6 @@ def role(proc: psutil.Process, root_pid: int) -> str:
     return os.path.basename(cmd.split()[0]) if cmd else proc.name()
 
 
-def pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> dict:
     spec = yaml.safe_load(spec_path.read_text())
     out = workdir / f"out-{spec_path.stem}"
@@ -120,7 +110,7 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
                 if proc.pid not in roles or roles[proc.pid] in ("idle worker", "ray::IDLE"):
                     roles[proc.pid] = role(proc, root.pid)
                 if n % PSS_EVERY == 0:
-                    mine = pss(proc.pid)
+                    mine = pss_of(proc.pid)
                     total_pss += mine
                     pss_roles[roles[proc.pid]] += mine
         samples.append((now, cpu))

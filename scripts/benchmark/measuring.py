@@ -21,7 +21,7 @@ from . import ROOT
 PSS_EVERY = 5  # PSS on every 5th memory sample (every ~1 s): reading it costs CPU
 
 
-def _pss(pid: int) -> int:
+def pss_of(pid: int) -> int:
     """Proportional set size in bytes (shared pages split between sharers); 0 if unreadable."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as rollup:
@@ -74,7 +74,7 @@ class TreeMonitor:
                 rss += proc.memory_info().rss
             except psutil.Error:
                 continue
-            pss += _pss(proc.pid) if with_pss else 0
+            pss += pss_of(proc.pid) if with_pss else 0
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         self.peak_procs = max(self.peak_procs, len(tree))
 
