@@ -1,6 +1,6 @@
 """Comparing two outputs: their resolved specs and their committed samples.
 
-Engine-free: reads each output's `_job/spec.yaml`, committed manifests and quarantine.
+Engine-free: reads each output's recorded spec, committed manifests and quarantine.
 Two outputs are identical when their specs agree on every field that decides what is written
 and they hold the same samples with the same parameters and the same bytes.
 """
@@ -11,8 +11,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from rayaug import commit
 from rayaug.outputs import Output, manifests, quarantine
@@ -44,6 +42,11 @@ class SpecChange:
     @property
     def affects_output(self) -> bool:
         return not _under(self.path, SETTINGS)
+
+    def worded(self, a: str, b: str) -> str:
+        """`seed: 1 recorded, 2 now` for sides named `a` and `b`."""
+        shown = ["absent" if v is _ABSENT else repr(v) for v in (self.a, self.b)]
+        return f"{self.path}: {shown[0]} {a}, {shown[1]} {b}"
 
     def to_json(self) -> dict:
         sides = {side: v for side, v in (("a", self.a), ("b", self.b)) if v is not _ABSENT}
@@ -91,8 +94,8 @@ def _under(path: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def resolved_spec(output: Output) -> dict:
-    """The spec as the job recorded it at its first start."""
-    return yaml.safe_load(output.location.read_bytes(commit.SPEC)) or {}
+    """The spec as the job recorded it (its latest growth's, where it grew)."""
+    return output.spec.model_dump(mode="json")
 
 
 def spec_changes(a: dict, b: dict) -> list[SpecChange]:

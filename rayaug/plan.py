@@ -1,14 +1,17 @@
-"""The plan: the input's work units, the job's fingerprint, and what is left to do on resume."""
+"""The plan: the input's work units, the job's fingerprint, its generations (the first run's
+and each growth's, recorded under `_job/`), and what is left to do on resume."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import itertools
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
 import rayaug
-from rayaug import commit
+from rayaug import commit, growth
 from rayaug.errors import UsageError
 from rayaug.formats import mix_refusal, output_format
 from rayaug.records import Listing, WorkUnit
@@ -52,16 +55,25 @@ class JobPlan:
     fingerprint: str
 
     @property
-    def planned_sources(self) -> int | None:
+    def source_units(self) -> list[WorkUnit]:
+        """The units that read each source first (with its view 0): every source once, in
+        plan order. A growth's units of more views read their sources again."""
+        return [unit for unit in self.units if unit.views[0] == 0]
+
+    @property
+    def planned_samples(self) -> int | None:
         """Known for folders and Parquet; a tar's member count is known only once read."""
         counts = [unit.planned for unit in self.units]
-        return None if any(c is None for c in counts) else sum(counts)
+        if any(count is None for count in counts):
+            return None
+        return sum(unit.planned * unit.view_count for unit in self.units)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> JobPlan:
+    def from_json(cls, data: dict, views: int) -> JobPlan:
+        """`views`: of the job that recorded it, for plans recorded before units had views."""
         units = [
             WorkUnit(
                 u["shard"],
@@ -69,48 +81,130 @@ class JobPlan:
                 tuple(u["rows"]) if u["rows"] else None,
                 u["planned"],
                 tuple(tuple(d) for d in u.get("duplicates", ())),  # absent in older plans
+                tuple(u["views"]) if u.get("views") else (0, views),
             )
             for u in data["units"]
         ]
         return cls(data["format"], units, data["ignored"], data["fingerprint"])
 
 
-def make_plan(spec: JobSpec, source: Location) -> JobPlan:
+@dataclass(frozen=True)
+class RecordedJob:
+    """What an output's `_job/` records: each generation's spec and plan (the first run's,
+    then each growth's), and the listing the last one planned from."""
+
+    specs: list[JobSpec]
+    plans: list[JobPlan]
+    files: list[tuple[str, int]] | None  # None: recorded by rayaug < 0.5, which kept none
+    versions: dict[str, str]
+
+    @property
+    def spec(self) -> JobSpec:
+        """The spec of the latest generation: what a resume runs."""
+        return self.specs[-1]
+
+    @property
+    def plan(self) -> JobPlan:
+        """Every generation's units together; the fingerprint is the latest's."""
+        units = [unit for plan in self.plans for unit in plan.units]
+        latest = self.plans[-1]
+        return JobPlan(self.plans[0].format, units, latest.ignored, latest.fingerprint)
+
+
+def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, Listing]:
     output_format(spec.output.format)  # usable here (its package installed) before anything
     listing: Listing = list_input(source, spec.input, spec.output.shard_size)
     refusal = mix_refusal(listing.format) if spec.mixes else None
     if refusal is not None:
         raise UsageError(f"input {source.uri}: {refusal}")
-    files = [f"{path}:{size}" for path, size in listing.files]
-    digest = fingerprint(spec, files, versions())
-    return JobPlan(listing.format, listing.units, listing.ignored, digest)
+    units = [replace(unit, views=(0, spec.views)) for unit in listing.units]
+    plan = JobPlan(listing.format, units, listing.ignored, _fingerprint(spec, listing))
+    return plan, listing
 
 
-def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
-    """Plan the job; on an existing output, refuse a different job (spec, input or versions)."""
-    plan = make_plan(spec, source)
-    recorded = commit.read_json(out, commit.FINGERPRINT)
-    if recorded is not None and recorded["fingerprint"] != plan.fingerprint:
-        raise UsageError(
-            f"{out.uri} holds the output of a different job: the spec, the input listing or "
-            "the rayaug/kornia/torch/pillow/opencv versions differ from those recorded in "
-            f"{out.uri_of(commit.FINGERPRINT)}. Use a new output URI, or finish the recorded "
-            f"job with: rayaug resume {out.uri}"
-        )
+def _fingerprint(spec: JobSpec, listing: Listing) -> str:
+    return fingerprint(spec, [f"{path}:{size}" for path, size in listing.files], versions())
+
+
+def prepare(spec: JobSpec, source: Location, out: Location, grow: bool = True) -> JobPlan:
+    """Plan the job; on an existing output, the recorded job's plan, grown by the new views
+    and sources of `spec` where `grow` allows (see rayaug.growth); any other change refused."""
+    plan, listing = make_plan(spec, source)
+    recorded = recorded_job(out)
     if recorded is None:
         out.write_bytes(commit.SPEC, dump_spec(spec).encode())
         commit.write_json(out, commit.PLAN, plan.to_json())
-        commit.write_json(
-            out, commit.FINGERPRINT, {"fingerprint": plan.fingerprint, "versions": versions()}
+        record = {"fingerprint": plan.fingerprint, "versions": versions(), "files": listing.files}
+        commit.write_json(out, commit.FINGERPRINT, record)
+        return plan
+    if recorded.plan.fingerprint == plan.fingerprint:
+        return recorded.plan
+    added = growth.plan_growth(recorded, spec, listing, source, versions(), grow)
+    # Not finished any more: gone before the growth is recorded, so no reader sees both.
+    if out.exists(commit.SUCCESS):
+        out.delete(commit.SUCCESS)
+    number = len(recorded.plans)
+    units = [replace(unit, shard=f"g{number}-{unit.shard}") for unit in added]
+    grown = replace(plan, units=units)
+    record = {
+        "spec": dump_spec(spec),
+        "plan": grown.to_json(),
+        "versions": versions(),
+        "files": listing.files,
+    }
+    commit.write_json(out, commit.generation_path(number), record)
+    return replace(recorded.plan, units=recorded.plan.units + units, fingerprint=plan.fingerprint)
+
+
+def recorded_job(out: Location) -> RecordedJob | None:
+    """The job recorded in `out`, every generation; None on a fresh output."""
+    first = commit.read_json(out, commit.FINGERPRINT)
+    if first is None:
+        return None
+    spec = recorded_spec(out, latest=False)
+    plan = _recorded_first_plan(out, spec)
+    specs, plans, files = [spec], [plan], first.get("files")
+    for where, record in _growths(out):
+        specs.append(_parse_recorded(record["spec"], where))
+        plans.append(JobPlan.from_json(record["plan"], specs[-1].views))
+        files = record["files"]
+    listed = None if files is None else [(path, size) for path, size in files]
+    return RecordedJob(specs, plans, listed, first["versions"])
+
+
+def _recorded_first_plan(out: Location, spec: JobSpec) -> JobPlan:
+    recorded = commit.read_json(out, commit.PLAN)
+    if recorded is None:
+        raise UsageError(
+            f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
+            f"`rayaug resume {out.uri}` to finish it"
         )
-    return plan
+    return JobPlan.from_json(recorded, spec.views)
 
 
-def recorded_spec(out: Location) -> JobSpec:
-    """The spec a job recorded at its first start (`_job/spec.yaml`): what resume runs."""
+def recorded_spec(out: Location, latest: bool = True) -> JobSpec:
+    """The spec a job recorded (`_job/spec.yaml` at its first start, a growth's in its record
+    under `_job/generations/`): by default the latest generation's, what resume runs."""
     if not out.exists(commit.SPEC):
         raise UsageError(f"{out.uri} is not a rayaug output (no {commit.SPEC})")
-    return parse_spec(yaml.safe_load(out.read_bytes(commit.SPEC)), out.uri_of(commit.SPEC))
+    growths = list(_growths(out)) if latest else []
+    if growths:
+        where, record = growths[-1]
+        return _parse_recorded(record["spec"], where)
+    return _parse_recorded(out.read_bytes(commit.SPEC), out.uri_of(commit.SPEC))
+
+
+def _growths(out: Location) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each growth of the job, oldest first."""
+    for number in itertools.count(1):
+        record = commit.read_json(out, commit.generation_path(number))
+        if record is None:
+            return
+        yield out.uri_of(commit.generation_path(number)), record
+
+
+def _parse_recorded(text: str | bytes, where: str) -> JobSpec:
+    return parse_spec(yaml.safe_load(text), where)
 
 
 def pending_units(plan: JobPlan, committed: set[str]) -> list[WorkUnit]:
