@@ -4,13 +4,13 @@ Runs, each as a user would (`rayaug run` / `rayaug extend` as child processes, a
 Ray each), on one input folder and a fresh temporary output each, interleaved over --repeat
 rounds so a busy machine slows each alike:
 
-  views A          a fresh job of A views              (what was there before the growth)
-  grow A -> B      `rayaug extend OUT --views B` of it  (the growth alone is timed)
-  views B-A        a fresh job of B-A views            (the new views' own cost)
-  views B          a fresh job of B views              (the rerun a growth saves)
+  fresh A views        a fresh job of A views               (what was there before the growth)
+  grow A -> B          `rayaug extend OUT --views B` of it   (the growth alone is timed)
+  fresh B-A views      a fresh job of B-A views             (the new views' own cost)
+  fresh B views        a fresh job of B views               (the rerun a growth saves)
 
-and prints each one's wall time (median over the rounds) and the growth's ratios to the last
-two. Every run also reports what its summary says it made. A measurement, not a test.
+and prints each one's wall time and its time after start-up (the summary's), medians over the
+rounds, and the growth's ratios to the last two. A measurement, not a test.
 
     .venv/bin/python scripts/growth_cost.py [--input DIR] [--sources 400] [--views 4 8] [--repeat 3]
 """
@@ -65,19 +65,26 @@ def write_spec(folder: Path, source: Path, out: Path, views: int) -> Path:
     return path
 
 
-def one_round(work: Path, source: Path, before: int, after: int) -> dict[str, float]:
-    walls = {}
-    for views in (before, after - before, after):
-        out = work / f"views-{views}"
+def one_round(work: Path, source: Path, before: int, after: int) -> dict[str, tuple[float, float]]:
+    """(wall seconds, seconds after start-up) of each run of one round."""
+    grow = f"grow {before} -> {after}"
+    runs = {f"fresh {before} views": before, f"fresh {after - before} views": after - before}
+    runs |= {f"fresh {after} views": after}
+    times = {}
+    for number, (name, views) in enumerate(runs.items()):
+        out = work / f"out-{number}"
         shutil.rmtree(out, ignore_errors=True)
-        walls[f"views {views}"], summary = timed("run", str(write_spec(work, source, out, views)))
-        print(f"  views {views}: {walls[f'views {views}']:.1f} s, {summary['samples']} samples")
-        if views == before:
-            name = f"grow {before} -> {after}"
-            walls[name], summary = timed("extend", str(out), "--views", str(after))
-            made = summary["samples_this_run"]
-            print(f"  {name}: {walls[name]:.1f} s, {made} new samples, {summary['samples']} in all")
-    return walls
+        times[name] = report(name, *timed("run", str(write_spec(work, source, out, views))))
+        if number == 0:
+            times[grow] = report(grow, *timed("extend", str(out), "--views", str(after)))
+    return times
+
+
+def report(name: str, wall: float, summary: dict) -> tuple[float, float]:
+    working = summary["wall_seconds"] - summary["startup_seconds"]
+    made = summary["samples_this_run"]
+    print(f"  {name:16} {wall:6.1f} s ({working:5.1f} s after start-up), {made} samples made")
+    return wall, working
 
 
 def main() -> None:
@@ -99,13 +106,15 @@ def main() -> None:
         for number in range(args.repeat):
             print(f"round {number + 1}")
             rounds.append(one_round(work, source, before, after))
-    medians = {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
+    print(f"\nmedians over {args.repeat} rounds: wall seconds (after start-up)")
+    medians = {}
+    for name in rounds[0]:
+        medians[name] = [statistics.median(r[name][i] for r in rounds) for i in (0, 1)]
+        print(f"  {name:16} {medians[name][0]:6.1f} ({medians[name][1]:5.1f})")
     grow = medians[f"grow {before} -> {after}"]
-    print("\nmedian wall seconds over", args.repeat, "rounds")
-    for name, wall in medians.items():
-        print(f"  {name:14} {wall:7.1f}")
-    print(f"growth / fresh {after - before} views: {grow / medians[f'views {after - before}']:.2f}")
-    print(f"growth / fresh {after} views: {grow / medians[f'views {after}']:.2f}")
+    for name in (f"fresh {after - before} views", f"fresh {after} views"):
+        ratios = [grow[i] / medians[name][i] for i in (0, 1)]
+        print(f"growth / {name}: {ratios[0]:.2f} wall, {ratios[1]:.2f} after start-up")
 
 
 if __name__ == "__main__":
