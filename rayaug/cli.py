@@ -104,7 +104,10 @@ class _LiveProgress:
         )
 
     def stop(self) -> None:
-        self.bar.stop()
+        """A bar that never started prints nothing (rich's stop would print an empty line
+        before the one-line error of a run refused before it started)."""
+        if self.task is not None:
+            self.bar.stop()
 
 
 def _run(start: Callable[[_LiveProgress], JobSummary], out_uri: str, as_json: bool) -> None:
