@@ -240,10 +240,9 @@ def _parquet_pieces(
                 except _CORRUPT:
                     keys = None
             yield (
-                lo,
-                hi - lo,
-                None if keys is None else keys.slice(lo - first, hi - lo),
-                f"unreadable Parquet row group {group} (rows {first}-{first + rows - 1}): {reason}",
+                lo, hi - lo, None if keys is None else keys.slice(lo - first, hi - lo),
+                f"unreadable Parquet row group {group} (rows {first}-{first + rows - 1}): "
+                f"{reason}",
             )
             continue
         yield lo, hi - lo, table.slice(lo - first, hi - lo), None
