@@ -396,9 +396,9 @@ def _print_query(result, as_json: bool) -> None:
 )
 @_endpoint_option
 def diff(out_a: str, out_b: str, as_json: bool, limit: int, endpoint: str | None) -> None:
-    """Compare two outputs: spec fields, samples only in one, parameters, bytes.
+    """Compare the samples of two outputs: spec fields, samples only in one, parameters, bytes.
 
-    Exit 0 when identical, 1 when they differ.
+    Exit 0 when they hold the same samples (whatever their shards or format), 1 when not.
     """
     from rayaug.diff import diff_outputs
 
@@ -421,6 +421,13 @@ _DIFF_LINES = {
 }
 
 
+_DIFF_KINDS = {
+    "recipe": "",
+    "layout": "   (layout: the same samples, stored otherwise)",
+    "setting": "   (run setting: does not change the output)",
+}
+
+
 def _print_diff(report: dict) -> None:
     for side in ("a", "b"):
         info = report[side]
@@ -432,7 +439,7 @@ def _print_diff(report: dict) -> None:
     out_console.print(f"spec: {len(changes) or 'no'} difference{'s' * (len(changes) != 1)}")
     for change in changes:
         a, b = (json.dumps(change[k]) if k in change else "(absent)" for k in ("a", "b"))
-        note = "" if change["affects_output"] else "   (run setting: does not change the output)"
+        note = _DIFF_KINDS[change["kind"]]
         out_console.print(f"  {change['path']}: {a} → {b}{note}", markup=False)
     out_console.print(f"samples in both: {report['in_both']}")
     for key, title in _DIFF_LINES.items():

@@ -1,24 +1,27 @@
 """Comparing two outputs: their resolved specs and their committed samples.
 
 Engine-free: reads each output's `_job/spec.yaml`, committed manifests and quarantine.
-Two outputs are identical when their specs agree on every field that decides what is written
-and they hold the same samples with the same parameters and the same bytes.
+`diff` compares the samples, not how they are stored: two outputs are identical when they hold
+the same samples (ids) with the same parameters and bytes, the same quarantine, and specs that
+agree on the recipe (every field that decides a sample). Layout fields (shard size, output
+format) and run settings are listed, and count for nothing.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 
-from rayaug import commit
+from rayaug import changes, commit
+from rayaug.changes import SpecChange
 from rayaug.outputs import Output, manifests, quarantine
 
 # Spec fields that never change what is written (how it ran, where it went): listed, not counted.
 SETTINGS = ("name", "execution", "storage", "errors.max_error_rate")
+# Spec fields that change how the samples are stored, never a sample: listed, not counted.
+LAYOUT = ("output.shard_size", "output.format")
 # The output's own location differs between any two outputs: not a difference at all.
 IGNORED = ("output.uri",)
 CATEGORIES = (
@@ -30,24 +33,23 @@ CATEGORIES = (
     "quarantined_only_in_b",
 )
 
-_ABSENT: Any = object()
+
+def kind_of(change: SpecChange) -> str:
+    """'setting' (how it ran), 'layout' (how the samples are stored) or 'recipe' (what the
+    samples are): only a recipe change counts toward the verdict."""
+    if _under(change.path, SETTINGS):
+        return "setting"
+    return "layout" if _under(change.path, LAYOUT) else "recipe"
 
 
-@dataclass(frozen=True)
-class SpecChange:
-    """One field of the resolved spec that differs; `_ABSENT` where one side lacks it."""
-
-    path: str
-    a: Any
-    b: Any
-
-    @property
-    def affects_output(self) -> bool:
-        return not _under(self.path, SETTINGS)
-
-    def to_json(self) -> dict:
-        sides = {side: v for side, v in (("a", self.a), ("b", self.b)) if v is not _ABSENT}
-        return {"path": self.path, **sides, "affects_output": self.affects_output}
+def change_json(change: SpecChange) -> dict:
+    kind = kind_of(change)
+    return {
+        "path": change.path,
+        **change.sides(),
+        "kind": kind,
+        "affects_output": kind != "setting",
+    }
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class OutputDiff:
 
     @property
     def identical(self) -> bool:
-        spec_same = not any(change.affects_output for change in self.spec)
-        return spec_same and not any(getattr(self, name) for name in CATEGORIES)
+        recipe_same = all(kind_of(change) != "recipe" for change in self.spec)
+        return recipe_same and not any(getattr(self, name) for name in CATEGORIES)
 
     def to_json(self, limit: int) -> dict:
         return {
@@ -75,7 +77,7 @@ class OutputDiff:
             "b": {"uri": self.b, "samples": self.samples[1], "complete": self.complete[1]},
             "in_both": self.samples[0] - len(self.only_in_a),
             "identical": self.identical,
-            "spec": [change.to_json() for change in self.spec],
+            "spec": [change_json(change) for change in self.spec],
             **{
                 name: {"count": len(getattr(self, name)), "examples": getattr(self, name)[:limit]}
                 for name in CATEGORIES
@@ -91,44 +93,13 @@ def _under(path: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def resolved_spec(output: Output) -> dict:
-    """The spec as the job recorded it at its first start."""
+    """The spec the job recorded (`_job/spec.yaml`, refreshed by each run of the same job)."""
     return yaml.safe_load(output.location.read_bytes(commit.SPEC)) or {}
 
 
 def spec_changes(a: dict, b: dict) -> list[SpecChange]:
-    """Every differing field as a path (`seed`, `ops[1].degrees`), in the order of the specs."""
-    return [change for change in _walk(a, b, "") if not _under(change.path, IGNORED)]
-
-
-def _walk(a: Any, b: Any, path: str, item: bool = False) -> Iterator[SpecChange]:
-    if _same(a, b):
-        return
-    # An op replaced by another (a list item of another name) is one change, not field by field.
-    both = isinstance(a, dict) and isinstance(b, dict)
-    if both and (not item or a.get("name") == b.get("name")):
-        for key in dict.fromkeys([*a, *b]):
-            yield from _walk(a.get(key, _ABSENT), b.get(key, _ABSENT), _join(path, str(key)))
-    elif _is_record_list(a) and _is_record_list(b):  # the op list: compare op by op
-        for i in range(max(len(a), len(b))):
-            yield from _walk(_at(a, i), _at(b, i), f"{path}[{i}]", item=True)
-    else:  # scalars, ranges like [0.08, 1.0], a replaced op: the whole value
-        yield SpecChange(path or "<root>", a, b)
-
-
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _is_record_list(value: Any) -> bool:
-    return isinstance(value, list) and any(isinstance(item, dict) for item in value)
-
-
-def _at(items: list, index: int) -> Any:
-    return items[index] if index < len(items) else _ABSENT
+    """Every differing field but the outputs' own locations, which always differ."""
+    return [change for change in changes.spec_changes(a, b) if not _under(change.path, IGNORED)]
 
 
 # ---------------------------------------------------------------- samples

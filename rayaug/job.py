@@ -31,7 +31,7 @@ from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, versions
 from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
-from rayaug.sources import SourceIndex, WorkUnit, read_unit
+from rayaug.sources import SourceIndex, WorkUnit, check_apart, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
 
@@ -132,6 +132,7 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     out = open_location(spec.output.uri, spec.storage)
     check_reachable(source, must_exist=True)
     check_reachable(out, must_exist=False)
+    check_apart(source, out)
     lease = commit.Lease(out)
     lease.acquire()
     # An embedded Ray starts in the background (stopped on every exit), as early as nothing

@@ -51,14 +51,16 @@ def test_a_rerun_elsewhere_with_other_run_settings_is_identical(outputs: dict[st
     # Listed, but neither the location nor how it ran changes what was written.
     paths = {c["path"]: c for c in report["spec"]}
     assert paths["execution.batch_size"] == {
-        "path": "execution.batch_size", "a": 16, "b": 3, "affects_output": False}
+        "path": "execution.batch_size", "a": 16, "b": 3, "kind": "setting",
+        "affects_output": False}
     assert "output.uri" not in paths
 
 
 def test_another_seed_differs_in_spec_parameters_and_bytes(outputs: dict[str, Path]) -> None:
     code, report = diff_json(outputs["a"], outputs["seed6"], "--limit", "2")
     assert code == 1 and not report["identical"]
-    assert report["spec"] == [{"path": "seed", "a": 5, "b": 6, "affects_output": True}]
+    assert report["spec"] == [
+        {"path": "seed", "a": 5, "b": 6, "kind": "recipe", "affects_output": True}]
     assert report["only_in_a"]["count"] == report["only_in_b"]["count"] == 0
     assert report["params_differ"]["count"] == 20  # random_resized_crop redraws every box
     assert 0 < report["bytes_differ"]["count"] <= 20
@@ -95,7 +97,7 @@ def test_spec_changes_name_the_field_path() -> None:
     b = {"name": "x", "seed": 1, "output": {"uri": "b", "size": [32, 32]},
          "ops": [{"name": "rotation", "degrees": 12}, {"name": "vertical_flip", "p": 0.5},
                  {"name": "grayscale"}]}
-    changes = [(c.path, c.to_json().get("a"), c.to_json().get("b")) for c in spec_changes(a, b)]
+    changes = [(c.path, c.sides().get("a"), c.sides().get("b")) for c in spec_changes(a, b)]
     assert changes == [
         ("output.size", None, [32, 32]),
         ("ops[0].degrees", 10, 12),
