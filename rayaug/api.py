@@ -77,14 +77,17 @@ def resume(
     address: str | None = None,
     progress: Progress | None = None,
 ) -> JobSummary:
-    """Finish the job recorded in the output `uri` (`_job/spec.yaml`): only uncommitted shards
-    are processed; on a finished output nothing is redone (its `_SUCCESS` records this run).
+    """Finish the job recorded in the output `uri` (`_job/spec.yaml`), where `uri` is now: only
+    uncommitted shards are processed; on a finished output nothing is redone (its `_SUCCESS`
+    records this run).
 
     `storage`: the fields set here (an endpoint, say) replace those the job recorded.
     """
     # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
     recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
-    spec = recorded.model_copy(update={"storage": _storage(recorded, storage)})
+    # The output where it is now: one moved since (out of its input, say) is finished there.
+    output = recorded.output.model_copy(update={"uri": os.fspath(uri)})
+    spec = recorded.model_copy(update={"storage": _storage(recorded, storage), "output": output})
     return run(spec, address=address, progress=progress)
 
 

@@ -98,8 +98,9 @@ class JobChanges:
     def lines(self) -> list[str]:
         """One phrase per kind of change, naming the recorded and the new value."""
         lines = [f"{c.path} {_value(c.a)} recorded, {_value(c.b)} now" for c in self.spec[:SHOWN]]
-        if len(self.spec) > SHOWN:
-            lines.append(f"{len(self.spec) - SHOWN} more spec fields")
+        more = len(self.spec) - SHOWN
+        if more > 0:
+            lines.append(f"{more} more spec field{'s' * (more != 1)}")
         listing = [
             _files(self.added, "added"),
             _files(self.gone, "gone"),

@@ -98,6 +98,7 @@ class _LiveProgress:
         self.start_time = time.monotonic()
 
     def committed(self, tally) -> None:
+        self.tally = tally  # a recount after the run stopped is a new tally
         rate = tally.new_samples / max(time.monotonic() - self.start_time, 1e-6)
         self.bar.update(
             self.task, completed=tally.samples + tally.quarantined, rate=f"{rate:,.1f} img/s"

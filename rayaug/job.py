@@ -187,6 +187,10 @@ def _count_committed(spec: JobSpec, plan: JobPlan, out: Location, committed: set
     return tally
 
 
+class _OverBudget(Exception):
+    """The error budget is spent: the run stops its writers, then counts what they committed."""
+
+
 @dataclass
 class _Run:
     """One driver's run of a job: what it executes and what it has counted."""
@@ -210,6 +214,7 @@ class _Run:
 
         owns_ray = local_ray.wait() if local_ray is not None else _connect(options)
         dataset = None
+        over_budget = False
         try:
             dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
             startup = time.monotonic() - started
@@ -220,7 +225,8 @@ class _Run:
                     self.tally.add(pickle.loads(row["commit"]), new=True)
                     self.progress.committed(self.tally)
                     self._check_still_going()
-            return startup
+        except _OverBudget:
+            over_budget = True
         except Exception as error:
             # Ray re-raises a stage's error as a subclass of both RayTaskError and the error
             # (which it keeps in `.cause`): only the driver's own RayaugErrors pass as they are.
@@ -236,6 +242,21 @@ class _Run:
                 local_ray.stop()
             elif owns_ray:
                 ray.shutdown()
+        if over_budget:
+            self._recount()
+            raise JobFailed(self.budget_message())
+        return startup
+
+    def _recount(self) -> None:
+        """Count the committed shards again once the writers have stopped: the shards committed
+        after the last row the driver read count too, so that the progress and the message
+        agree with `rayaug status`."""
+        before = self.tally.samples + self.tally.quarantined
+        committed = commit.committed_shards(self.out)
+        tally = _count_committed(self.spec, self.plan, self.out, committed)
+        tally.new_samples = self.tally.new_samples + tally.samples + tally.quarantined - before
+        self.tally = tally
+        self.progress.committed(tally)
 
     def _check_still_going(self) -> None:
         holder = self.lease.lost_to
@@ -245,7 +266,7 @@ class _Run:
                 "output's lease; this run stops"
             )
         if self.tally.over_budget(self.spec.errors.max_error_rate, final=False):
-            raise JobFailed(self.budget_message())
+            raise _OverBudget
 
     def budget_message(self) -> str:
         tally = self.tally
@@ -555,7 +576,10 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         # rayaug reports a failed stage in one line; Ray Data would print its traceback first.
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
-    calls = calls_per_actor(len(pending), shape.size)
+    # No more actors than units (a small job, the rest of a resume): an actor without a unit
+    # would start for nothing, and Ray Data warns of a pool larger than its inputs.
+    actors = min(shape.size, len(pending))
+    calls = calls_per_actor(len(pending), actors)
     # Few units: start dispatching once every actor is up, so that each takes its own (the
     # least busy actor gets the next unit) rather than the first one up taking them one after
     # another. Bounded: a pool that cannot be placed fails the run in one line. The context is
@@ -580,7 +604,7 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
             batch_size=1,
             batch_format="numpy",
             compute=ActorPoolStrategy(
-                size=shape.size,
+                size=actors,
                 max_concurrent_calls_per_actor=calls,
             ),
             num_cpus=shape.cpus_per_actor,

@@ -9,6 +9,7 @@ import yaml
 
 import rayaug
 from rayaug import commit
+from rayaug.changes import JobChanges, JobRecord, job_changes
 from rayaug.errors import UsageError
 from rayaug.formats import mix_refusal, output_format
 from rayaug.records import Listing, WorkUnit
@@ -75,35 +76,76 @@ class JobPlan:
         return cls(data["format"], units, data["ignored"], data["fingerprint"])
 
 
-def make_plan(spec: JobSpec, source: Location) -> JobPlan:
+def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, JobRecord]:
+    """The job's work units, and the record of what decides its output (for the fingerprint
+    and for naming what differs from a recorded job)."""
     output_format(spec.output.format)  # usable here (its package installed) before anything
     listing: Listing = list_input(source, spec.input, spec.output.shard_size)
     refusal = mix_refusal(listing.format) if spec.mixes else None
     if refusal is not None:
         raise UsageError(f"input {source.uri}: {refusal}")
-    files = [f"{path}:{size}" for path, size in listing.files]
-    digest = fingerprint(spec, files, versions())
-    return JobPlan(listing.format, listing.units, listing.ignored, digest)
+    # Only the files the job reads: a README beside the images changes nothing it writes.
+    read = {path for unit in listing.units for path in unit.files}
+    record = JobRecord(
+        spec.output_defining(),
+        {path: size for path, size in listing.files if path in read},
+        versions(),
+    )
+    files = [f"{path}:{size}" for path, size in record.files.items()]
+    digest = fingerprint(spec, files, record.versions)
+    return JobPlan(listing.format, listing.units, listing.ignored, digest), record
 
 
 def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
-    """Plan the job; on an existing output, refuse a different job (spec, input or versions)."""
-    plan = make_plan(spec, source)
+    """Plan the job; on an existing output, refuse a different job, naming what differs
+    (spec fields, input files, versions); a rerun of the same job records its run settings
+    (`errors.max_error_rate`, `execution`, ...) in `_job/spec.yaml`, where resume reads them."""
+    plan, record = make_plan(spec, source)
     recorded = commit.read_json(out, commit.FINGERPRINT)
-    if recorded is not None and recorded["fingerprint"] != plan.fingerprint:
-        raise UsageError(
-            f"{out.uri} holds the output of a different job: the spec, the input listing or "
-            "the rayaug/kornia/torch/pillow/opencv versions differ from those recorded in "
-            f"{out.uri_of(commit.FINGERPRINT)}. Use a new output URI, or finish the recorded "
-            f"job with: rayaug resume {out.uri}"
-        )
     if recorded is None:
         out.write_bytes(commit.SPEC, dump_spec(spec).encode())
         commit.write_json(out, commit.PLAN, plan.to_json())
-        commit.write_json(
-            out, commit.FINGERPRINT, {"fingerprint": plan.fingerprint, "versions": versions()}
-        )
+        commit.write_json(out, commit.FINGERPRINT, _fingerprint_record(plan, record))
+        return plan
+    if recorded["fingerprint"] != plan.fingerprint:
+        found = job_changes(recorded_job(out, recorded), record)
+        if not found.none:
+            raise UsageError(_different_job(out, found))
+        # Same spec, files and versions under another digest: recorded by an older rayaug,
+        # whose digest also covered files the job does not read (rayaug's own among them).
+        commit.write_json(out, commit.FINGERPRINT, _fingerprint_record(plan, record))
+    resolved = dump_spec(spec).encode()
+    if out.read_bytes(commit.SPEC) != resolved:
+        out.write_bytes(commit.SPEC, resolved)
     return plan
+
+
+def _fingerprint_record(plan: JobPlan, record: JobRecord) -> dict:
+    return {"fingerprint": plan.fingerprint, "versions": record.versions, "files": record.files}
+
+
+def recorded_job(out: Location, fingerprint_record: dict) -> JobRecord:
+    """What decides the recorded job's output, from `_job/`: its spec, the files it read (with
+    their sizes; from the plan's units, sizes unknown, in a record of an older rayaug) and the
+    versions."""
+    spec = recorded_spec(out)
+    files = fingerprint_record.get("files")
+    if files is None:  # the plan is written before the fingerprint: it is there
+        plan = JobPlan.from_json(commit.read_json(out, commit.PLAN))
+        files = {path: None for unit in plan.units for path in unit.files}
+    return JobRecord(spec.output_defining(), files, fingerprint_record.get("versions", {}))
+
+
+def _different_job(out: Location, found: JobChanges) -> str:
+    fix = (
+        "install the recorded versions, or use a new output URI"
+        if found.versions
+        else f"use a new output URI, or finish the recorded job unchanged: rayaug resume {out.uri}"
+    )
+    return (
+        f"{out.uri} holds the output of a different job: {'; '.join(found.lines())}. To go on, "
+        f"{fix}"
+    )
 
 
 def recorded_spec(out: Location) -> JobSpec:

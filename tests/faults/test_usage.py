@@ -318,7 +318,7 @@ def test_output_of_another_job_and_a_concurrent_run(
     assert_cli_refused(
         rayaug("run", str(other)),
         2,
-        [f"{out} holds the output of a different job", "Use a new output URI", "rayaug resume"],
+        [f"{out} holds the output of a different job", "seed 1 recorded, 2 now", "use a new output URI", "rayaug resume"],
     )
 
     lease = commit.Lease(open_location(str(out), StorageSpec()))
