@@ -137,11 +137,12 @@ def recorded_job(out: Location, fingerprint_record: dict) -> JobRecord:
 
 
 def _different_job(out: Location, found: JobChanges) -> str:
-    fix = (
-        "install the recorded versions, or use a new output URI"
-        if found.versions
-        else f"use a new output URI, or finish the recorded job unchanged: rayaug resume {out.uri}"
-    )
+    if found.versions:
+        fix = "install the recorded versions, or use a new output URI"
+    elif found.added or found.gone or found.resized:
+        fix = "put the input back as the job recorded it, or use a new output URI"
+    else:
+        fix = f"use a new output URI, or finish the recorded job unchanged: rayaug resume {out.uri}"
     return (
         f"{out.uri} holds the output of a different job: {'; '.join(found.lines())}. To go on, "
         f"{fix}"
