@@ -234,8 +234,14 @@ def _unknown_op(name: str, expected: list[str]) -> str:
 
 
 def _closest(word: str, candidates: list[str]) -> str | None:
+    """The candidate nearest `word` in spelling, whole or by one of its parts ('blurr' is
+    nearest 'gaussian_blur' by its 'blur')."""
     found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return found[0] if found else None
+    if found:
+        return found[0]
+    parts = {part: name for name in candidates for part in name.split("_") if len(part) > 2}
+    found = difflib.get_close_matches(word, list(parts), n=1, cutoff=0.75)
+    return parts[found[0]] if found else None
 
 
 def _models_in(annotation: object) -> list[type[BaseModel]]:
