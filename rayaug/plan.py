@@ -150,7 +150,8 @@ def _different_job(out: Location, found: JobChanges) -> str:
 
 
 def recorded_spec(out: Location) -> JobSpec:
-    """The spec a job recorded at its first start (`_job/spec.yaml`): what resume runs."""
+    """The spec a job recorded (`_job/spec.yaml`: written at its first start, its run settings
+    refreshed by each later run of the same job): what resume runs."""
     if not out.exists(commit.SPEC):
         raise UsageError(f"{out.uri} is not a rayaug output (no {commit.SPEC})")
     return parse_spec(yaml.safe_load(out.read_bytes(commit.SPEC)), out.uri_of(commit.SPEC))
