@@ -1,8 +1,8 @@
 """rayaug: offline image augmentation as a resumable Ray Data batch job.
 
 The Python API (`rayaug.api`, loaded on first use so that `import rayaug` stays light):
-`run(job)`, `resume(uri)`, `open_output(uri)`, `load_job(job)`. Its errors are those of
-`rayaug.errors`, importable from here too.
+`run(job)`, `resume(uri)`, `extend(uri, views=)`, `open_output(uri)`, `load_job(job)`. Its
+errors are those of `rayaug.errors`, importable from here too.
 """
 
 from typing import TYPE_CHECKING
@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING
 from rayaug.errors import JobFailed, RayaugError, SpecError, StorageError, UsageError
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
-    from rayaug.api import OutputView, load_job, open_output, resume, run
+    from rayaug.api import OutputView, extend, load_job, open_output, resume, run
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
-_API = ("run", "resume", "open_output", "load_job", "OutputView")
+_API = ("run", "resume", "extend", "open_output", "load_job", "OutputView")
 
 __all__ = [
     "run",
     "resume",
+    "extend",
     "open_output",
     "load_job",
     "OutputView",

@@ -31,7 +31,7 @@ from rayaug.spec import JobSpec, StorageSpec, load_spec, parse_spec
 from rayaug.storage import open_location
 
 if TYPE_CHECKING:
-    from rayaug.job import JobSummary, Progress, Tally
+    from rayaug.job import JobSummary, Progress, RunOptions, Tally
     from rayaug.reports.query import QueryResult
 
 Job = str | os.PathLike | Mapping | JobSpec
@@ -58,7 +58,8 @@ class _Silent:
 
 
 def run(job: Job, *, address: str | None = None, progress: Progress | None = None) -> JobSummary:
-    """Run a job to completion, or resume it when its output already holds it.
+    """Run a job to completion, or resume it when its output already holds it, or grow the
+    job the output holds where `job` only asks for more views or the input gained files.
 
     `address`: a Ray cluster to join (default: an embedded local Ray, or the cluster of
     `RAY_ADDRESS`; a Ray this process already started is used as it is). `progress`: an object
@@ -68,6 +69,19 @@ def run(job: Job, *, address: str | None = None, progress: Progress | None = Non
     from rayaug.job import RunOptions, run_job
 
     return run_job(load_job(job), RunOptions(address=address), progress or _Silent())
+
+
+def _run_recorded(
+    uri: Uri, storage: StorageSpec | None, update: dict, options: RunOptions, progress
+) -> JobSummary:
+    from rayaug.job import run_job
+
+    # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
+    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
+    # The output where it is now: one moved since (out of its input, say) is finished there.
+    output = recorded.output.model_copy(update={"uri": os.fspath(uri)})
+    changed = {"storage": _storage(recorded, storage), "output": output} | update
+    return run_job(recorded.model_copy(update=changed), options, progress or _Silent())
 
 
 def resume(
@@ -82,13 +96,28 @@ def resume(
     records this run).
 
     `storage`: the fields set here (an endpoint, say) replace those the job recorded.
+    Files added to the input since are not processed (that is `extend`).
     """
-    # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
-    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
-    # The output where it is now: one moved since (out of its input, say) is finished there.
-    output = recorded.output.model_copy(update={"uri": os.fspath(uri)})
-    spec = recorded.model_copy(update={"storage": _storage(recorded, storage), "output": output})
-    return run(spec, address=address, progress=progress)
+    from rayaug.job import RunOptions
+
+    return _run_recorded(uri, storage, {}, RunOptions(address, grow=False), progress)
+
+
+def extend(
+    uri: Uri,
+    *,
+    views: int | None = None,
+    storage: StorageSpec | None = None,
+    address: str | None = None,
+    progress: Progress | None = None,
+) -> JobSummary:
+    """Grow the job recorded in the output `uri`: up to `views` views of every source (more
+    than recorded), and every view of the files the input gained since. Only the new samples
+    are made, as new shards; nothing committed is rewritten. `storage`: as for `resume`."""
+    from rayaug.job import RunOptions
+
+    update = {} if views is None else {"views": views}
+    return _run_recorded(uri, storage, update, RunOptions(address), progress)
 
 
 def _storage(spec: JobSpec, storage: StorageSpec | None) -> StorageSpec:
@@ -146,6 +175,13 @@ class OutputView:
         """Every breach of the commit protocol (missing shards, counts, sha256, orphans, no
         _SUCCESS); an empty list means the output is sound and finished."""
         return summary_report.verify(self.output)
+
+    def changed_sources(self) -> list[str]:
+        """Each source whose bytes differ from those the job read (by the sha256 each manifest
+        row records), or that is gone: its samples no longer replay to their stored bytes,
+        though the output is intact. Reads the whole input once."""
+        source = open_location(self.output.spec.input.uri, self.storage)
+        return summary_report.changed_sources(self.output, source)
 
     def summary(self, stats: bool = False) -> dict:
         """What `rayaug inspect --json` prints: status, labels, devices, per-op statistics and

@@ -88,6 +88,7 @@ class _Item:
 
     source_key: str
     source_uri: str
+    source_digest: str | None
     view: int
     seed: int
     label: str | None
@@ -144,9 +145,11 @@ class Augmenter:
         if not self.uint8_path:
             _torch()
 
-    def augment(self, sources: Iterable[SourceSample]) -> ShardOutput:
-        """Every view of every source, in order; failures become quarantine rows."""
-        output = ShardOutput(device=self.device.partition(":")[0])
+    def augment(self, sources: Iterable[SourceSample], views: range | None = None) -> ShardOutput:
+        """The `views` (default: all of the spec's) of every source, in order; failures become
+        quarantine rows."""
+        views = range(self.spec.views) if views is None else views
+        output = ShardOutput(device=self.device.partition(":")[0], views=views)
         batch_size = self.spec.execution.batch_size
         pending: list[_Item] = []
         for source in sources:
@@ -182,9 +185,9 @@ class Augmenter:
                 output.samples.append(encoded)
 
     def _start(self, source: SourceSample, output: ShardOutput) -> list[_Item]:
-        """Every view of one source, decoded (sharing what the views share) and with its
+        """The unit's views of one source, decoded (sharing what the views share) and with its
         partners; what fails is quarantined per view."""
-        views = range(self.spec.views)
+        views = output.views
         if source.error is not None:
             output.quarantined += [
                 Quarantined(source.key, view, "read", "ReadError", source.error) for view in views
@@ -227,6 +230,7 @@ class Augmenter:
             _Item(
                 source.key,
                 source.uri,
+                source.digest,
                 view,
                 seed,
                 source.label,
@@ -375,6 +379,7 @@ class Augmenter:
         return AugmentedSample(
             source_key=item.source_key,
             source_uri=item.source_uri,
+            source_digest=item.source_digest,
             view=item.view,
             seed=item.seed,
             label=item.label,

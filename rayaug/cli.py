@@ -195,6 +195,27 @@ def resume(out_uri: str, address: str | None, as_json: bool, endpoint: str | Non
 
 @main.command()
 @click.argument("out_uri")
+@click.option("--views", type=click.IntRange(min=1), help="Views of every source from now on.")
+@click.option("--address", help="Ray cluster address (default: an embedded local Ray).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_endpoint_option
+def extend(
+    out_uri: str, views: int | None, address: str | None, as_json: bool, endpoint: str | None
+) -> None:
+    """Grow the job in OUT_URI: more views of every source, and the input's new files.
+
+    Only the new samples are made, as new shards; nothing committed is rewritten."""
+    from rayaug import api
+
+    def start(progress: _LiveProgress) -> JobSummary:
+        storage = _storage(endpoint)
+        return api.extend(out_uri, views=views, storage=storage, address=address, progress=progress)
+
+    _run(start, out_uri, as_json)
+
+
+@main.command()
+@click.argument("out_uri")
 @click.option("--json", "as_json", is_flag=True)
 @_endpoint_option
 def status(out_uri: str, as_json: bool, endpoint: str | None) -> None:
@@ -212,7 +233,11 @@ def status(out_uri: str, as_json: bool, endpoint: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @click.option("--sheet", type=click.Path(dir_okay=False), help="Write a contact sheet PNG.")
 @click.option("--limit", default=24, show_default=True, help="Samples on the contact sheet.")
-@click.option("--verify", is_flag=True, help="Check the commit protocol; exit 1 on any breach.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Check the commit protocol and that every source is still the one read; exit 1 if not.",
+)
 @click.option(
     "--query", "sql", help="Run SQL (DuckDB) over tables manifest, errors and view applied_ops."
 )
@@ -257,6 +282,7 @@ def inspect_command(
         report["plot"] = str(Path(plot))
     if verify:
         report["breaches"] = view.verify()
+        report["sources_changed"] = view.changed_sources()
     if sheet:
         view.contact_sheet(limit).save(sheet)
         report["sheet"] = str(Path(sheet))
@@ -264,7 +290,7 @@ def inspect_command(
         click.echo(json.dumps(report, indent=2, default=str))
     else:
         _print_summary(report)
-    if verify and report["breaches"]:
+    if verify and (report["breaches"] or report["sources_changed"]):
         sys.exit(1)
 
 
@@ -296,6 +322,13 @@ def _print_summary(report: dict) -> None:
         out_console.print(verdict)
         for breach in report["breaches"]:
             out_console.print(f"  {breach}", markup=False)
+        if report["sources_changed"]:
+            out_console.print(
+                f"sources: {len(report['sources_changed'])} changed since the job ran (their "
+                "samples no longer replay to the stored bytes; the output itself is as written)"
+            )
+        for change in report["sources_changed"]:
+            out_console.print(f"  {change}", markup=False)
 
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -466,6 +499,15 @@ def replay(out_uri: str, sample_id: str, target: str | None, endpoint: str | Non
     result = replay_sample(view.output, sample_id, view.storage)
     if target:
         Path(target).write_bytes(result.image)
+    if result.source_changed:
+        out_console.print(
+            f"{sample_id}: SOURCE CHANGED since the job ran — {result.row['source_key']} in "
+            f"{result.row['source_uri']} was sha256 {result.row['source_sha256'][:16]}…, is "
+            f"{result.source_digest[:16]}… now. The replay cannot reproduce the stored sample; "
+            "this says nothing against the output.",
+            markup=False,
+        )
+        sys.exit(1)
     verdict = "identical" if result.matches else "DIFFERENT"
     out_console.print(
         f"{sample_id}: replayed bytes are {verdict} to the stored sample "

@@ -1,8 +1,8 @@
 """The commit protocol and the job's own records under `_job/`.
 
 A shard is committed when `manifests/<shard>.parquet` exists: readers, resume and inspect
-trust nothing else. `_job/` holds the resolved spec, the fingerprint, the plan and the lease
-of the running driver.
+trust nothing else. `_job/` holds the resolved spec, the fingerprint, the plan, each growth's
+record and the lease of the running driver.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ def manifest_path(shard: str) -> str:
 
 def errors_path(shard: str) -> str:
     return f"errors/{shard}.parquet"
+
+
+def generation_path(number: int) -> str:
+    """The record of the job's `number`th growth (the first run's is spec, plan, fingerprint)."""
+    return f"_job/generations/{number:04d}.json"
 
 
 def commit_shard(out: Location, shard: str, manifest: bytes) -> None:

@@ -1,6 +1,6 @@
 """Comparing two outputs: their resolved specs and their committed samples.
 
-Engine-free: reads each output's `_job/spec.yaml`, committed manifests and quarantine.
+Engine-free: reads each output's recorded spec, committed manifests and quarantine.
 `diff` compares the samples, not how they are stored: two outputs are identical when they hold
 the same samples (ids) with the same parameters and bytes, the same quarantine, and specs that
 agree on the recipe (every field that decides a sample). Layout fields (shard size, output
@@ -10,12 +10,11 @@ format) and run settings are listed, and count for nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-import yaml
-
-from rayaug import changes, commit
-from rayaug.changes import SpecChange
+from rayaug import commit
 from rayaug.outputs import Output, manifests, quarantine
 
 # Spec fields that never change what is written (how it ran, where it went): listed, not counted.
@@ -33,23 +32,42 @@ CATEGORIES = (
     "quarantined_only_in_b",
 )
 
-
-def kind_of(change: SpecChange) -> str:
-    """'setting' (how it ran), 'layout' (how the samples are stored) or 'recipe' (what the
-    samples are): only a recipe change counts toward the verdict."""
-    if _under(change.path, SETTINGS):
-        return "setting"
-    return "layout" if _under(change.path, LAYOUT) else "recipe"
+_ABSENT: Any = object()
 
 
-def change_json(change: SpecChange) -> dict:
-    kind = kind_of(change)
-    return {
-        "path": change.path,
-        **change.sides(),
-        "kind": kind,
-        "affects_output": kind != "setting",
-    }
+@dataclass(frozen=True)
+class SpecChange:
+    """One field of the resolved spec that differs; `_ABSENT` where one side lacks it."""
+
+    path: str
+    a: Any
+    b: Any
+
+    @property
+    def affects_output(self) -> bool:
+        return not _under(self.path, SETTINGS)
+
+    @property
+    def kind(self) -> str:
+        """'setting' (how it ran), 'layout' (how the samples are stored) or 'recipe' (what the
+        samples are): only a recipe change makes two outputs' samples differ."""
+        if not self.affects_output:
+            return "setting"
+        return "layout" if _under(self.path, LAYOUT) else "recipe"
+
+    def worded(self, a: str, b: str) -> str:
+        """`seed: 1 recorded, 2 now` for sides named `a` and `b`."""
+        shown = ["absent" if v is _ABSENT else repr(v) for v in (self.a, self.b)]
+        return f"{self.path}: {shown[0]} {a}, {shown[1]} {b}"
+
+    def to_json(self) -> dict:
+        sides = {side: v for side, v in (("a", self.a), ("b", self.b)) if v is not _ABSENT}
+        return {
+            "path": self.path,
+            **sides,
+            "kind": self.kind,
+            "affects_output": self.affects_output,
+        }
 
 
 @dataclass(frozen=True)
@@ -68,7 +86,7 @@ class OutputDiff:
 
     @property
     def identical(self) -> bool:
-        recipe_same = all(kind_of(change) != "recipe" for change in self.spec)
+        recipe_same = all(change.kind != "recipe" for change in self.spec)
         return recipe_same and not any(getattr(self, name) for name in CATEGORIES)
 
     def to_json(self, limit: int) -> dict:
@@ -77,7 +95,7 @@ class OutputDiff:
             "b": {"uri": self.b, "samples": self.samples[1], "complete": self.complete[1]},
             "in_both": self.samples[0] - len(self.only_in_a),
             "identical": self.identical,
-            "spec": [change_json(change) for change in self.spec],
+            "spec": [change.to_json() for change in self.spec],
             **{
                 name: {"count": len(getattr(self, name)), "examples": getattr(self, name)[:limit]}
                 for name in CATEGORIES
@@ -93,13 +111,44 @@ def _under(path: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def resolved_spec(output: Output) -> dict:
-    """The spec the job recorded (`_job/spec.yaml`, refreshed by each run of the same job)."""
-    return yaml.safe_load(output.location.read_bytes(commit.SPEC)) or {}
+    """The spec as the job recorded it (its latest growth's, where it grew)."""
+    return output.spec.model_dump(mode="json")
 
 
 def spec_changes(a: dict, b: dict) -> list[SpecChange]:
-    """Every differing field but the outputs' own locations, which always differ."""
-    return [change for change in changes.spec_changes(a, b) if not _under(change.path, IGNORED)]
+    """Every differing field as a path (`seed`, `ops[1].degrees`), in the order of the specs."""
+    return [change for change in _walk(a, b, "") if not _under(change.path, IGNORED)]
+
+
+def _walk(a: Any, b: Any, path: str, item: bool = False) -> Iterator[SpecChange]:
+    if _same(a, b):
+        return
+    # An op replaced by another (a list item of another name) is one change, not field by field.
+    both = isinstance(a, dict) and isinstance(b, dict)
+    if both and (not item or a.get("name") == b.get("name")):
+        for key in dict.fromkeys([*a, *b]):
+            yield from _walk(a.get(key, _ABSENT), b.get(key, _ABSENT), _join(path, str(key)))
+    elif _is_record_list(a) and _is_record_list(b):  # the op list: compare op by op
+        for i in range(max(len(a), len(b))):
+            yield from _walk(_at(a, i), _at(b, i), f"{path}[{i}]", item=True)
+    else:  # scalars, ranges like [0.08, 1.0], a replaced op: the whole value
+        yield SpecChange(path or "<root>", a, b)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _is_record_list(value: Any) -> bool:
+    return isinstance(value, list) and any(isinstance(item, dict) for item in value)
+
+
+def _at(items: list, index: int) -> Any:
+    return items[index] if index < len(items) else _ABSENT
 
 
 # ---------------------------------------------------------------- samples

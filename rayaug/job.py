@@ -29,7 +29,7 @@ from rayaug import commit, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
-from rayaug.plan import JobPlan, pending_units, prepare, versions
+from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
 from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
 from rayaug.sources import SourceIndex, WorkUnit, check_apart, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
@@ -61,6 +61,7 @@ QUIET = {"log_to_driver": False, "logging_level": logging.ERROR}
 @dataclass(frozen=True)
 class RunOptions:
     address: str | None = None  # a Ray cluster; None starts an embedded local Ray
+    grow: bool = True  # may add views and new sources to the job recorded in the output
 
 
 @dataclass
@@ -142,14 +143,14 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     fresh = not out.exists(commit.FINGERPRINT)
     local_ray = LocalRayStart.begin() if local and fresh else None
     try:
-        plan = prepare(spec, source, out)
+        plan = prepare(spec, source, out, options.grow)
         # One listing for both the count and the work left: a shard committed between two
         # listings (by a writer of a stopped run still finishing) would be neither.
         committed = commit.committed_shards(out)
         pending = pending_units(plan, committed)
         if local and pending and local_ray is None:
             local_ray = LocalRayStart.begin()  # beside the count of what is committed
-        run = _Run(spec, plan, out, lease, _count_committed(spec, plan, out, committed), progress)
+        run = _Run(spec, plan, out, lease, _count_committed(plan, out, committed), progress)
         progress.started(run.tally)
         startup = time.monotonic() - started
         if pending:
@@ -179,9 +180,8 @@ def _release_after_failure(lease: commit.Lease) -> None:
         log.warning("could not release the lease: %s", error)
 
 
-def _count_committed(spec: JobSpec, plan: JobPlan, out: Location, committed: set[str]) -> Tally:
-    planned = plan.planned_sources
-    tally = Tally(len(plan.units), None if planned is None else planned * spec.views)
+def _count_committed(plan: JobPlan, out: Location, committed: set[str]) -> Tally:
+    tally = Tally(len(plan.units), plan.planned_samples)
     for shard in outputs.shard_commits(out, committed):
         tally.add(shard, new=False)
     return tally
@@ -253,7 +253,7 @@ class _Run:
         agree with `rayaug status`."""
         before = self.tally.samples + self.tally.quarantined
         committed = commit.committed_shards(self.out)
-        tally = _count_committed(self.spec, self.plan, self.out, committed)
+        tally = _count_committed(self.plan, self.out, committed)
         tally.new_samples = self.tally.new_samples + tally.samples + tally.quarantined - before
         self.tally = tally
         self.progress.committed(tally)
@@ -685,7 +685,7 @@ class _ShardStage:
         self.fmt = fmt
         self.source = open_location(spec.input.uri, spec.storage)
         self.out = open_location(spec.output.uri, spec.storage)
-        self.context = WriteContext(spec.output, spec.views, versions())
+        self.context = WriteContext(spec.output, versions())
         partners = None
         if spec.mixes:  # mix ops read their partners from the input themselves
             partners = Partners(_source_index(self.source, spec, self.out))
@@ -699,7 +699,7 @@ class _ShardStage:
     def _shard(self, unit: WorkUnit) -> ShardCommit:
         samples = read_unit(self.source, self.spec.input, self.fmt, unit)
         with self.device_lock:  # concurrent calls overlap only their storage waits
-            output = self.augmenter.augment(samples)
+            output = self.augmenter.augment(samples, range(*unit.views))
         return write_shard(self.out, unit.shard, output, self.context)
 
 
@@ -710,11 +710,11 @@ def _source_index(source: Location, spec: JobSpec, out: Location) -> SourceIndex
     shard, the one `rayaug replay` reads too), not handed to the actor: its constructor's
     arguments stay a few KiB (inline in the actor's creation task, see _inline_actor_arguments)
     whatever the input's size, and a restarted actor reads the same record again."""
-    recorded = commit.read_json(out, commit.PLAN)
-    if recorded is None:  # prepare() writes it before the fingerprint that lets a run go on
+    recorded = recorded_job(out)
+    if recorded is None:  # prepare() records the job before a run goes on
         raise RayaugError(f"{out.uri} has no {commit.PLAN}; run `rayaug resume {out.uri}`")
-    plan = JobPlan.from_json(recorded)
-    return SourceIndex(source, spec.input, plan.format, plan.units)
+    plan = recorded.plan
+    return SourceIndex(source, spec.input, plan.format, plan.source_units)
 
 
 # ---------------------------------------------------------------- end of the job

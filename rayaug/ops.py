@@ -855,14 +855,6 @@ def decode_request(applied: Sequence[Applied], canvas: Canvas) -> tuple[int, Reg
     return reduction_for(matrix), _box_sampled(matrix, drawn, canvas)
 
 
-def decode_reduction(applied: Sequence[Applied], canvas: Canvas) -> int:
-    return decode_request(applied, canvas)[0]
-
-
-def needed_box(applied: Sequence[Applied], canvas: Canvas) -> Region | None:
-    return decode_request(applied, canvas)[1]
-
-
 def _box_sampled(matrix: np.ndarray, drawn: Canvas, canvas: Canvas) -> Region | None:
     if drawn == canvas and np.array_equal(matrix, np.eye(3)):
         return None

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from rayaug import commit
 from rayaug.errors import UsageError
 from rayaug.formats import output_format
-from rayaug.plan import JobPlan, recorded_spec
+from rayaug.plan import JobPlan, recorded_job, recorded_spec
 from rayaug.sinks import ERRORS_SCHEMA, MANIFEST_SCHEMA, ShardCommit
 from rayaug.spec import JobSpec
 from rayaug.storage import Location
@@ -35,15 +35,16 @@ class Output:
 
 
 def recorded_output(out: Location) -> Output:
-    """The output at `out` with the spec and plan its job recorded in `_job/`."""
-    spec = recorded_spec(out)
-    plan = commit.read_json(out, commit.PLAN)
-    if plan is None:
+    """The output at `out` with the spec and plan its job recorded in `_job/` (the latest
+    spec, and the units of every generation: one dataset, however often it grew)."""
+    recorded = recorded_job(out)
+    if recorded is None:
+        recorded_spec(out)  # refuses what is no rayaug output at all
         raise UsageError(
-            f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
+            f"{out.uri} was stopped while planning (no {commit.FINGERPRINT}): run "
             f"`rayaug resume {out.uri}` to finish it"
         )
-    return Output(out, spec, JobPlan.from_json(plan))
+    return Output(out, recorded.spec, recorded.plan)
 
 
 def _parquet(out: Location, path: str) -> pa.Table:
@@ -138,13 +139,13 @@ def status_of(output: Output, shards: int, samples: int, quarantined: int) -> di
     lock = commit.read_json(out, commit.LOCK)
     running = lock is not None and commit.LeaseRecord(**lock).held_by_live_driver(time.time())
     state = "done" if out.exists(commit.SUCCESS) else "running" if running else "incomplete"
-    planned = output.plan.planned_sources
+    planned = output.plan.planned_samples
     return {
         "output": out.uri,
         "state": state,
         "shards_planned": len(output.plan.units),
         "shards_committed": shards,
-        "samples_planned": None if planned is None else planned * output.spec.views,
+        "samples_planned": planned,
         "samples_committed": samples,
         "quarantined": quarantined,
     }

@@ -1,19 +1,21 @@
-"""The plan: the input's work units, the job's fingerprint, and what is left to do on resume."""
+"""The plan: the input's work units, the job's fingerprint, its generations (the first run's
+and each growth's, recorded under `_job/`), and what is left to do on resume."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import itertools
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 
 import yaml
 
 import rayaug
-from rayaug import commit
-from rayaug.changes import JobChanges, JobRecord, job_changes
+from rayaug import commit, growth
 from rayaug.errors import UsageError
 from rayaug.formats import mix_refusal, output_format
 from rayaug.records import Listing, WorkUnit
-from rayaug.sources import list_input
+from rayaug.sources import list_input, without_outputs
 from rayaug.spec import JobSpec, dump_spec, fingerprint, parse_spec
 from rayaug.storage import Location
 
@@ -53,16 +55,25 @@ class JobPlan:
     fingerprint: str
 
     @property
-    def planned_sources(self) -> int | None:
+    def source_units(self) -> list[WorkUnit]:
+        """The units that read each source first (with its view 0): every source once, in
+        plan order. A growth's units of more views read their sources again."""
+        return [unit for unit in self.units if unit.views[0] == 0]
+
+    @property
+    def planned_samples(self) -> int | None:
         """Known for folders and Parquet; a tar's member count is known only once read."""
         counts = [unit.planned for unit in self.units]
-        return None if any(c is None for c in counts) else sum(counts)
+        if any(count is None for count in counts):
+            return None
+        return sum(unit.planned * unit.view_count for unit in self.units)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> JobPlan:
+    def from_json(cls, data: dict, views: int) -> JobPlan:
+        """`views`: of the job that recorded it, for plans recorded before units had views."""
         units = [
             WorkUnit(
                 u["shard"],
@@ -70,91 +81,184 @@ class JobPlan:
                 tuple(u["rows"]) if u["rows"] else None,
                 u["planned"],
                 tuple(tuple(d) for d in u.get("duplicates", ())),  # absent in older plans
+                tuple(u["views"]) if u.get("views") else (0, views),
             )
             for u in data["units"]
         ]
         return cls(data["format"], units, data["ignored"], data["fingerprint"])
 
 
-def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, JobRecord]:
-    """The job's work units, and the record of what decides its output (for the fingerprint
-    and for naming what differs from a recorded job)."""
+@dataclass(frozen=True)
+class RecordedJob:
+    """What an output's `_job/` records: each generation's spec and plan (the first run's,
+    then each growth's), and the listing the last one planned from."""
+
+    specs: list[JobSpec]
+    plans: list[JobPlan]
+    files: list[tuple[str, int]] | None  # None: recorded by rayaug < 0.5, which kept none
+    versions: dict[str, str]
+
+    @property
+    def spec(self) -> JobSpec:
+        """The spec of the latest generation: what a resume runs."""
+        return self.specs[-1]
+
+    @property
+    def plan(self) -> JobPlan:
+        """Every generation's units together; the fingerprint is the latest's."""
+        units = [unit for plan in self.plans for unit in plan.units]
+        latest = self.plans[-1]
+        return JobPlan(self.plans[0].format, units, latest.ignored, latest.fingerprint)
+
+
+def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, Listing]:
     output_format(spec.output.format)  # usable here (its package installed) before anything
     listing: Listing = list_input(source, spec.input, spec.output.shard_size)
     refusal = mix_refusal(listing.format) if spec.mixes else None
     if refusal is not None:
         raise UsageError(f"input {source.uri}: {refusal}")
-    # Only the files the job reads: a README beside the images changes nothing it writes.
-    read = {path for unit in listing.units for path in unit.files}
-    record = JobRecord(
-        spec.output_defining(),
-        {path: size for path, size in listing.files if path in read},
-        versions(),
-    )
-    files = [f"{path}:{size}" for path, size in record.files.items()]
-    digest = fingerprint(spec, files, record.versions)
-    return JobPlan(listing.format, listing.units, listing.ignored, digest), record
+    units = [replace(unit, views=(0, spec.views)) for unit in listing.units]
+    plan = JobPlan(listing.format, units, listing.ignored, _fingerprint(spec, listing))
+    return plan, listing
 
 
-def prepare(spec: JobSpec, source: Location, out: Location) -> JobPlan:
-    """Plan the job; on an existing output, refuse a different job, naming what differs
-    (spec fields, input files, versions); a rerun of the same job records its run settings
-    (`errors.max_error_rate`, `execution`, ...) in `_job/spec.yaml`, where resume reads them."""
-    plan, record = make_plan(spec, source)
-    recorded = commit.read_json(out, commit.FINGERPRINT)
+def _fingerprint(spec: JobSpec, listing: Listing) -> str:
+    return fingerprint(spec, [f"{path}:{size}" for path, size in listing.files], versions())
+
+
+def prepare(spec: JobSpec, source: Location, out: Location, grow: bool = True) -> JobPlan:
+    """Plan the job; on an existing output, the recorded job's plan, grown by the new views
+    and sources of `spec` where `grow` allows (see rayaug.growth); any other change refused."""
+    plan, listing = make_plan(spec, source)
+    recorded = recorded_job(out)
     if recorded is None:
         out.write_bytes(commit.SPEC, dump_spec(spec).encode())
         commit.write_json(out, commit.PLAN, plan.to_json())
-        commit.write_json(out, commit.FINGERPRINT, _fingerprint_record(plan, record))
+        record = {"fingerprint": plan.fingerprint, "versions": versions(), "files": listing.files}
+        commit.write_json(out, commit.FINGERPRINT, record)
         return plan
-    if recorded["fingerprint"] != plan.fingerprint:
-        found = job_changes(recorded_job(out, recorded), record)
-        if not found.none:
-            raise UsageError(_different_job(out, found))
-        # Same spec, files and versions under another digest: recorded by an older rayaug,
-        # whose digest also covered files the job does not read (rayaug's own among them).
-        commit.write_json(out, commit.FINGERPRINT, _fingerprint_record(plan, record))
-    resolved = dump_spec(spec).encode()
-    if out.read_bytes(commit.SPEC) != resolved:
-        out.write_bytes(commit.SPEC, resolved)
-    return plan
+    if recorded.plan.fingerprint == plan.fingerprint:
+        _record_run_settings(out, recorded, spec)
+        return recorded.plan
+    if _same_unsized(recorded, spec, plan):  # its record upgraded: it can grow from now on
+        commit.write_json(out, commit.PLAN, plan.to_json())
+        record = {"fingerprint": plan.fingerprint, "versions": versions(), "files": listing.files}
+        commit.write_json(out, commit.FINGERPRINT, record)
+        _record_run_settings(out, recorded, spec)
+        return plan
+    return _grown(recorded, spec, plan, listing, source, out, grow)
 
 
-def _fingerprint_record(plan: JobPlan, record: JobRecord) -> dict:
-    return {"fingerprint": plan.fingerprint, "versions": record.versions, "files": record.files}
+def _grown(
+    recorded: RecordedJob,
+    spec: JobSpec,
+    plan: JobPlan,
+    listing: Listing,
+    source: Location,
+    out: Location,
+    grow: bool,
+) -> JobPlan:
+    """The recorded job's plan with the units of its growth (new views, new sources) added and
+    recorded as a generation; refused where `spec` is another job (see rayaug.growth)."""
+    added = growth.plan_growth(recorded, spec, listing, source, versions(), grow)
+    if not added:  # nothing to grow (the input gained a README, say): the same job
+        _record_run_settings(out, recorded, spec)
+        return recorded.plan
+    # Not finished any more: gone before the growth is recorded, so no reader sees both.
+    if out.exists(commit.SUCCESS):
+        out.delete(commit.SUCCESS)
+    number = len(recorded.plans)
+    units = [replace(unit, shard=f"g{number}-{unit.shard}") for unit in added]
+    grown = replace(plan, units=units)
+    record = {
+        "spec": dump_spec(spec),
+        "plan": grown.to_json(),
+        "versions": versions(),
+        "files": listing.files,
+    }
+    commit.write_json(out, commit.generation_path(number), record)
+    return replace(recorded.plan, units=recorded.plan.units + units, fingerprint=plan.fingerprint)
 
 
-def recorded_job(out: Location, fingerprint_record: dict) -> JobRecord:
-    """What decides the recorded job's output, from `_job/`: its spec, the files it read (with
-    their sizes; from the plan's units, sizes unknown, in a record of an older rayaug) and the
-    versions."""
-    spec = recorded_spec(out)
-    files = fingerprint_record.get("files")
-    if files is None:  # the plan is written before the fingerprint: it is there
-        plan = JobPlan.from_json(commit.read_json(out, commit.PLAN))
-        files = {path: None for unit in plan.units for path in unit.files}
-    return JobRecord(spec.output_defining(), files, fingerprint_record.get("versions", {}))
-
-
-def _different_job(out: Location, found: JobChanges) -> str:
-    if found.versions:
-        fix = "install the recorded versions, or use a new output URI"
-    elif found.added or found.gone or found.resized:
-        fix = "put the input back as the job recorded it, or use a new output URI"
-    else:
-        fix = f"use a new output URI, or finish the recorded job unchanged: rayaug resume {out.uri}"
+def _same_unsized(recorded: RecordedJob, spec: JobSpec, plan: JobPlan) -> bool:
+    """Whether a job recorded by rayaug < 0.5 (no listing kept, its digest over every file
+    listed, rayaug's own among them when the output was inside its input) is this job: the
+    same spec, versions and work units. Sizes were not recorded: a file of the same name
+    whose size changed is not seen."""
     return (
-        f"{out.uri} holds the output of a different job: {'; '.join(found.lines())}. To go on, "
-        f"{fix}"
+        recorded.files is None
+        and len(recorded.plans) == 1
+        and recorded.spec.output_defining() == spec.output_defining()
+        and recorded.versions == versions()
+        and recorded.plan.units == plan.units
     )
 
 
-def recorded_spec(out: Location) -> JobSpec:
-    """The spec a job recorded (`_job/spec.yaml`: written at its first start, its run settings
-    refreshed by each later run of the same job): what resume runs."""
+def _record_run_settings(out: Location, recorded: RecordedJob, spec: JobSpec) -> None:
+    """A rerun of the same job with other run settings (`errors.max_error_rate` raised, say)
+    records them where its latest spec is: what resume runs and diff reads."""
+    text = dump_spec(spec)
+    if dump_spec(recorded.spec) == text:
+        return
+    growths = list(_growths(out))
+    if not growths:
+        out.write_bytes(commit.SPEC, text.encode())
+        return
+    record = growths[-1][1] | {"spec": text}
+    commit.write_json(out, commit.generation_path(len(growths)), record)
+
+
+def recorded_job(out: Location) -> RecordedJob | None:
+    """The job recorded in `out`, every generation; None on a fresh output."""
+    first = commit.read_json(out, commit.FINGERPRINT)
+    if first is None:
+        return None
+    spec = recorded_spec(out, latest=False)
+    plan = _recorded_first_plan(out, spec)
+    specs, plans, files = [spec], [plan], first.get("files")
+    for where, record in _growths(out):
+        specs.append(_parse_recorded(record["spec"], where))
+        plans.append(JobPlan.from_json(record["plan"], specs[-1].views))
+        files = record["files"]
+    # Never rayaug's own objects: an older rayaug listed the lease of an output made inside
+    # its input (which is refused now) among the input's files.
+    listed = None if files is None else without_outputs([(path, size) for path, size in files])
+    return RecordedJob(specs, plans, listed, first["versions"])
+
+
+def _recorded_first_plan(out: Location, spec: JobSpec) -> JobPlan:
+    recorded = commit.read_json(out, commit.PLAN)
+    if recorded is None:
+        raise UsageError(
+            f"{out.uri} was stopped while planning (no {commit.PLAN}): run "
+            f"`rayaug resume {out.uri}` to finish it"
+        )
+    return JobPlan.from_json(recorded, spec.views)
+
+
+def recorded_spec(out: Location, latest: bool = True) -> JobSpec:
+    """The spec a job recorded (`_job/spec.yaml` at its first start, a growth's in its record
+    under `_job/generations/`): by default the latest generation's, what resume runs."""
     if not out.exists(commit.SPEC):
         raise UsageError(f"{out.uri} is not a rayaug output (no {commit.SPEC})")
-    return parse_spec(yaml.safe_load(out.read_bytes(commit.SPEC)), out.uri_of(commit.SPEC))
+    growths = list(_growths(out)) if latest else []
+    if growths:
+        where, record = growths[-1]
+        return _parse_recorded(record["spec"], where)
+    return _parse_recorded(out.read_bytes(commit.SPEC), out.uri_of(commit.SPEC))
+
+
+def _growths(out: Location) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each growth of the job, oldest first."""
+    for number in itertools.count(1):
+        record = commit.read_json(out, commit.generation_path(number))
+        if record is None:
+            return
+        yield out.uri_of(commit.generation_path(number)), record
+
+
+def _parse_recorded(text: str | bytes, where: str) -> JobSpec:
+    return parse_spec(yaml.safe_load(text), where)
 
 
 def pending_units(plan: JobPlan, committed: set[str]) -> list[WorkUnit]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,15 @@ class SourceSample:
     error: str | None = None
     targets: Targets | None = None
 
+    @cached_property
+    def digest(self) -> str | None:
+        """sha256 of the bytes as read: what ties each of its samples to this very source."""
+        return None if self.data is None else source_digest(self.data)
+
+
+def source_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
 
 @dataclass(frozen=True)
 class AugmentedSample:
@@ -84,6 +94,7 @@ class AugmentedSample:
     width: int
     targets: Targets | None = None
     soft_label: dict[str | None, float] | None = None  # label → share, after a mix op
+    source_digest: str | None = None  # sha256 of the source's bytes as read
 
     @property
     def sample_id(self) -> str:
@@ -121,6 +132,7 @@ class ShardOutput:
     """What the augment stage made of one work unit."""
 
     device: str = "cpu"
+    views: range = range(0)  # of each source that the unit makes
     sources: int = 0
     samples: list[AugmentedSample] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
@@ -140,6 +152,13 @@ class WorkUnit:
     # Parquet with a key column: rows of this unit whose key an earlier row (of any unit)
     # already has, as (offset in the unit, copy number, file of the first copy, its row).
     duplicates: tuple[tuple[int, int, str, int], ...] = ()
+    # [first, stop) of the views it makes of its sources; a plan sets it (see rayaug.plan).
+    views: tuple[int, int] | None = None
+
+    @property
+    def view_count(self) -> int:
+        first, stop = self.views or (0, 0)
+        return stop - first
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,18 @@ from rayaug.storage import open_location
 class Replay:
     row: dict
     image: bytes
+    source_digest: str | None  # of the source as read now
 
     @property
     def matches(self) -> bool:
         return hashlib.sha256(self.image).hexdigest() == self.row["sha256"]
+
+    @property
+    def source_changed(self) -> bool:
+        """The source's bytes are not those the job read: the replay cannot match, and says
+        nothing of the output. (Outputs of rayaug < 0.5 recorded no source digest.)"""
+        recorded = self.row.get("source_sha256")
+        return recorded is not None and recorded != self.source_digest
 
 
 def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
@@ -42,4 +50,4 @@ def replay(output: Output, sample: str, storage: StorageSpec) -> Replay:
     device = pick_device(1 if row["device"] == "cuda" else 0)
     augmenter = Augmenter(output.spec, device, partners)
     image = augmenter.replay(source, row["view"], row["seed"], from_records(json.loads(row["ops"])))
-    return Replay(row, image)
+    return Replay(row, image, source.digest)

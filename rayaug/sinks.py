@@ -26,6 +26,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("sample_id", pa.string()),
         ("source_uri", pa.string()),
         ("source_key", pa.string()),
+        ("source_sha256", pa.string()),  # the source's bytes as read: replay tells a changed one
         ("view", pa.int32()),
         ("label", pa.string()),
         ("seed", pa.int64()),
@@ -65,7 +66,6 @@ class WriteContext:
     """What every manifest row of a run shares."""
 
     output: OutputSpec
-    views: int
     versions: dict[str, str]
 
 
@@ -99,7 +99,7 @@ def write_shard(
         _manifest_row(s, shard, i, result.device, context) for i, s in enumerate(result.samples)
     ]
     manifest = _table(rows, MANIFEST_SCHEMA).replace_schema_metadata(
-        {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(context.views)} | record
+        {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(len(result.views))} | record
     )
     commit.commit_shard(out, shard, parquet_bytes(manifest))
     reasons = Counter(f"{q.stage}: {q.error_class}" for q in result.quarantined)
@@ -119,6 +119,7 @@ def _manifest_row(
         "sample_id": sample.sample_id,
         "source_uri": sample.source_uri,
         "source_key": sample.source_key,
+        "source_sha256": sample.source_digest,
         "view": sample.view,
         "label": sample.label,
         "seed": sample.seed,

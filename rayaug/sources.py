@@ -25,7 +25,7 @@ def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
     files = location.list(recursive=True)
     if not files:
         raise UsageError(f"input {location.uri} holds no files")
-    files = _without_outputs(location, files)
+    files = _listed_sources(location, files)
     name = detect(spec.format, location.uri, [path for path, _ in files])
     return input_format(name).plan(location, spec, files, shard_size)
 
@@ -34,21 +34,30 @@ def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
 _JOB_RECORDS = (commit.SPEC, commit.LOCK, commit.FINGERPRINT, commit.PLAN)
 
 
-def _without_outputs(location: Location, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """The listing less every rayaug output in it (this job's or another's: its data, manifests,
-    records), which are never a source: a folder holding a `_job/` record is an output."""
-    outputs = {
+def _outputs_in(files: list[tuple[str, int]]) -> set[str]:
+    """The prefixes ("" for the listed root itself, else "folder/") of every rayaug output in
+    a listing (this job's or another's): a folder holding a `_job/` record is one."""
+    return {
         path.removesuffix(record)
         for path, _ in files
         for record in _JOB_RECORDS
         if path == record or path.endswith(f"/{record}")
     }
-    if "" in outputs:
+
+
+def without_outputs(files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A listing less every rayaug output in it (data, manifests, records): never a source."""
+    outputs = tuple(_outputs_in(files))
+    return [(path, size) for path, size in files if not path.startswith(outputs)]
+
+
+def _listed_sources(location: Location, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    if "" in _outputs_in(files):
         raise UsageError(
             f"input {location.uri} is a rayaug output: to augment its samples, set input.uri "
             f"to its data folder ({location.uri_of('data')})"
         )
-    return [(path, size) for path, size in files if not path.startswith(tuple(outputs))]
+    return without_outputs(files)
 
 
 def check_apart(source: Location, out: Location) -> None:

@@ -23,10 +23,17 @@ N = 40  # output samples: 40 sources at 1 view, 5 at 8 views
 
 
 def bench(*args: str, timeout: int) -> subprocess.CompletedProcess:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [
-        str(SCRIPTS), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "benchmark", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "benchmark", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -40,8 +47,18 @@ def test_bench_quick_reports_every_recipe_runner_views_and_ratio(tmp_path: Path)
     pytest.importorskip("albumentations")
     pytest.importorskip("psutil")
     report = tmp_path / "bench.json"
-    done = bench("--quick", "--n", str(N), "--views", ",".join(VIEWS),
-                 "--only", ",".join(RUNNERS), "--json", str(report), timeout=1750)
+    done = bench(
+        "--quick",
+        "--n",
+        str(N),
+        "--views",
+        ",".join(VIEWS),
+        "--only",
+        ",".join(RUNNERS),
+        "--json",
+        str(report),
+        timeout=1750,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     data = json.loads(report.read_text())
@@ -71,15 +88,18 @@ def test_bench_quick_reports_every_recipe_runner_views_and_ratio(tmp_path: Path)
                 assert set(peer) == {"end_to_end", "steady_state"}
                 assert peer["end_to_end"] > 0
         assert set(data["targets"][recipe]) == {
-            f"{kind}_views_{views}_at_{N}_ge_{bound}" for views in VIEWS
-            for kind, bound in (("end_to_end", 1.0), ("steady_state", 1.2))}, recipe
+            f"{kind}_views_{views}_at_{N}_ge_{bound}"
+            for views in VIEWS
+            for kind, bound in (("end_to_end", 1.0), ("steady_state", 1.2))
+        }, recipe
     assert "rayaug ÷ peer, end to end / steady state" in done.stdout
     assert "V=1 N=40" in done.stdout and "V=8 N=40" in done.stdout
     assert "summary: rayaug ÷ Albumentations" in done.stdout
 
 
 def test_albumentations_draws_every_view_from_one_decode(
-        benchmark_package: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    benchmark_package: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a user writes: cv2.imdecode once per source, the Compose once per view."""
     pytest.importorskip("albumentations")
     cv2 = pytest.importorskip("cv2")
@@ -124,12 +144,23 @@ def test_phone_photos_are_12_megapixel_jpegs_of_a_phones_size(benchmark_package:
 
 
 @pytest.mark.timeout(300)
-def test_augment_only_runs_every_recipe_and_views_on_the_cpu_without_ray(
-        tmp_path: Path) -> None:
+def test_augment_only_runs_every_recipe_and_views_on_the_cpu_without_ray(tmp_path: Path) -> None:
     """The GPU check's bench mode, dry-run on the CPU: Augmenter alone, Ray refused on import."""
     report = tmp_path / "augment.json"
-    done = bench("--augment-only", "--device", "cpu", "--n", "24", "--views", "1,8",
-                 "--batch-size", "8", "--json", str(report), timeout=280)
+    done = bench(
+        "--augment-only",
+        "--device",
+        "cpu",
+        "--n",
+        "24",
+        "--views",
+        "1,8",
+        "--batch-size",
+        "8",
+        "--json",
+        str(report),
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     data = json.loads(report.read_text())
     assert data["mode"] == "augment-only" and data["device"] == "cpu"

@@ -29,9 +29,14 @@ RAY_ERROR_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,]+ E \d+ \d+\]")
 
 
 def write_spec(path: Path, source: Path | str, out: Path | str, **extra) -> Path:
-    spec = {"input": {"uri": str(source)}, "output": {"uri": str(out), "shard_size": 8},
-            "views": 2, "seed": 5, "ops": OPS,
-            "execution": {"batch_size": 16, "concurrency": 1}} | extra
+    spec = {
+        "input": {"uri": str(source)},
+        "output": {"uri": str(out), "shard_size": 8},
+        "views": 2,
+        "seed": 5,
+        "ops": OPS,
+        "execution": {"batch_size": 16, "concurrency": 1},
+    } | extra
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -53,8 +58,9 @@ def finished(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     from rayaug import sampledata
 
     root = tmp_path_factory.mktemp("cli")
-    sampledata.write_folder(list(sampledata.make_photos(16, seed=4, short_side=(80, 140))),
-                            root / "input")
+    sampledata.write_folder(
+        list(sampledata.make_photos(16, seed=4, short_side=(80, 140))), root / "input"
+    )
     spec = write_spec(root / "job.yaml", root / "input", root / "out")
     result = rayaug("run", str(spec))
     assert result.exit_code == 0, result.output
@@ -69,9 +75,12 @@ def test_validate_accepts_the_examples() -> None:
 
 
 def test_validate_names_the_field_and_the_file(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "bad.yaml", "in", "out",
-                      ops=[{"name": "horizontal_flip"}, {"name": "rotation", "degrees": -3},
-                           {"name": "blurr"}])
+    spec = write_spec(
+        tmp_path / "bad.yaml",
+        "in",
+        "out",
+        ops=[{"name": "horizontal_flip"}, {"name": "rotation", "degrees": -3}, {"name": "blurr"}],
+    )
     result = rayaug("validate", str(spec))
     assert_one_line_error(result, 2, str(spec), "ops[1].degrees: must be ≥ 0", "ops[2]", "blurr")
 
@@ -119,8 +128,13 @@ def test_verify_catches_a_tampered_shard(finished: Path, tmp_path: Path) -> None
     pq.write_table(table.slice(1), data)  # one image lost after commit
     (copy / "data" / "part-00009.parquet").write_bytes(b"orphan")
     result = rayaug("inspect", str(copy), "--verify")
-    assert_one_line_error(result, 1, "verify: FAILED", "orphan object data/part-00009.parquet",
-                          "part-00001: data holds 15 images, manifest 16")
+    assert_one_line_error(
+        result,
+        1,
+        "verify: FAILED",
+        "orphan object data/part-00009.parquet",
+        "part-00001: data holds 15 images, manifest 16",
+    )
 
 
 def test_replay_matches_and_writes_the_image(finished: Path, tmp_path: Path) -> None:
@@ -147,8 +161,9 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     """What a user types: the installed `rayaug` script, its own local Ray, real photos."""
     from rayaug import sampledata
 
-    sampledata.write_folder(list(sampledata.make_photos(6, seed=9, short_side=(64, 96))),
-                            tmp_path / "input")
+    sampledata.write_folder(
+        list(sampledata.make_photos(6, seed=9, short_side=(64, 96))), tmp_path / "input"
+    )
     spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", tmp_path / "out")
     rayaug_bin = Path(sys.executable).parent / "rayaug"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -159,8 +174,13 @@ def test_run_as_a_subprocess_with_embedded_ray(tmp_path: Path) -> None:
     record.parent.mkdir(exist_ok=True)
     record.write_text("127.0.0.1:9")  # nothing listens there
     try:
-        done = subprocess.run([str(rayaug_bin), "run", str(spec), "--json"],
-                              capture_output=True, text=True, timeout=300, env=env)
+        done = subprocess.run(
+            [str(rayaug_bin), "run", str(spec), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
     finally:
         if before is None:
             record.unlink(missing_ok=True)
@@ -194,16 +214,22 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
 
     from rayaug import sampledata
 
-    sampledata.write_folder(list(sampledata.make_photos(48, seed=3, short_side=(64, 96))),
-                            tmp_path / "input")
+    sampledata.write_folder(
+        list(sampledata.make_photos(48, seed=3, short_side=(64, 96))), tmp_path / "input"
+    )
     out = tmp_path / "out"
     spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", out)
     spec.write_text(spec.read_text().replace("shard_size: 8", "shard_size: 2"))
     rayaug_bin = Path(sys.executable).parent / "rayaug"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    run = subprocess.Popen([str(rayaug_bin), "run", str(spec)], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           start_new_session=True)  # its own group: a terminal's Ctrl-C
+    run = subprocess.Popen(
+        [str(rayaug_bin), "run", str(spec)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # its own group: a terminal's Ctrl-C
     try:
         deadline = time.monotonic() + 120
         while not list((out / "manifests").glob("*.parquet")):
@@ -227,8 +253,13 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
         time.sleep(0.5)
     assert not _session_processes(run.pid)
 
-    resumed = subprocess.run([str(rayaug_bin), "resume", str(out), "--json"], env=env,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [str(rayaug_bin), "resume", str(out), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)
     assert summary["samples"] == 96 and summary["samples_this_run"] < 96

@@ -51,8 +51,12 @@ def test_a_rerun_elsewhere_with_other_run_settings_is_identical(outputs: dict[st
     # Listed, but neither the location nor how it ran changes what was written.
     paths = {c["path"]: c for c in report["spec"]}
     assert paths["execution.batch_size"] == {
-        "path": "execution.batch_size", "a": 16, "b": 3, "kind": "setting",
-        "affects_output": False}
+        "path": "execution.batch_size",
+        "a": 16,
+        "b": 3,
+        "kind": "setting",
+        "affects_output": False,
+    }
     assert "output.uri" not in paths
 
 
@@ -60,7 +64,8 @@ def test_another_seed_differs_in_spec_parameters_and_bytes(outputs: dict[str, Pa
     code, report = diff_json(outputs["a"], outputs["seed6"], "--limit", "2")
     assert code == 1 and not report["identical"]
     assert report["spec"] == [
-        {"path": "seed", "a": 5, "b": 6, "kind": "recipe", "affects_output": True}]
+        {"path": "seed", "a": 5, "b": 6, "kind": "recipe", "affects_output": True}
+    ]
     assert report["only_in_a"]["count"] == report["only_in_b"]["count"] == 0
     assert report["params_differ"]["count"] == 20  # random_resized_crop redraws every box
     assert 0 < report["bytes_differ"]["count"] <= 20
@@ -79,25 +84,39 @@ def test_fewer_inputs_show_samples_only_in_one_side(outputs: dict[str, Path]) ->
     assert report["in_both"] == 12
     assert report["params_differ"]["count"] == report["bytes_differ"]["count"] == 0
     kept = {s.rsplit("#", 1)[0] for s in report["only_in_a"]["examples"]}
-    fewer = {p.relative_to(outputs["fewer"].parent / "fewer-input").as_posix()
-             for p in (outputs["fewer"].parent / "fewer-input").rglob("*.jpg")}
+    fewer = {
+        p.relative_to(outputs["fewer"].parent / "fewer-input").as_posix()
+        for p in (outputs["fewer"].parent / "fewer-input").rglob("*.jpg")
+    }
     assert len(kept) == 4 and not kept & fewer
     code, reverse = diff_json(outputs["fewer"], outputs["a"])
     assert code == 1 and reverse["only_in_b"]["count"] == 8
 
 
 def test_diff_of_something_that_is_not_an_output(outputs: dict[str, Path], tmp_path: Path) -> None:
-    assert_one_line_error(rayaug("diff", str(outputs["a"]), str(tmp_path)), 2,
-                          "is not a rayaug output")
+    assert_one_line_error(
+        rayaug("diff", str(outputs["a"]), str(tmp_path)), 2, "is not a rayaug output"
+    )
 
 
 def test_spec_changes_name_the_field_path() -> None:
-    a = {"name": "x", "seed": 1, "output": {"uri": "a", "size": None},
-         "ops": [{"name": "rotation", "degrees": 10}, {"name": "horizontal_flip", "p": 0.5}]}
-    b = {"name": "x", "seed": 1, "output": {"uri": "b", "size": [32, 32]},
-         "ops": [{"name": "rotation", "degrees": 12}, {"name": "vertical_flip", "p": 0.5},
-                 {"name": "grayscale"}]}
-    changes = [(c.path, c.sides().get("a"), c.sides().get("b")) for c in spec_changes(a, b)]
+    a = {
+        "name": "x",
+        "seed": 1,
+        "output": {"uri": "a", "size": None},
+        "ops": [{"name": "rotation", "degrees": 10}, {"name": "horizontal_flip", "p": 0.5}],
+    }
+    b = {
+        "name": "x",
+        "seed": 1,
+        "output": {"uri": "b", "size": [32, 32]},
+        "ops": [
+            {"name": "rotation", "degrees": 12},
+            {"name": "vertical_flip", "p": 0.5},
+            {"name": "grayscale"},
+        ],
+    }
+    changes = [(c.path, c.to_json().get("a"), c.to_json().get("b")) for c in spec_changes(a, b)]
     assert changes == [
         ("output.size", None, [32, 32]),
         ("ops[0].degrees", 10, 12),

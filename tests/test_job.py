@@ -144,8 +144,11 @@ def test_a_two_shard_job_runs_one_shard_on_each_of_two_actors(
     first actor up take both shards while the other sat idle. Each shard on its own actor."""
     sampledata.write_folder(photos[:8], tmp_path / "input")
     spec = make_spec(
-        str(tmp_path / "input"), str(tmp_path / "out"), output={"shard_size": 4},
-        views=1, execution={"batch_size": 4, "concurrency": 2},
+        str(tmp_path / "input"),
+        str(tmp_path / "out"),
+        output={"shard_size": 4},
+        views=1,
+        execution={"batch_size": 4, "concurrency": 2},
     )
     from ray._private.state import state
 

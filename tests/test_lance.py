@@ -56,7 +56,7 @@ def test_the_dataset_version_holds_exactly_the_committed_shards(
 ) -> None:
     out = output_at(where, request, tmp_path)
     output = OutputSpec(uri=out.uri, format="lance")
-    context = WriteContext(output, 2, VERSIONS)
+    context = WriteContext(output, VERSIONS)
     results = [_result(photos[3 * i : 3 * i + 3]) for i in range(len(SHARDS))]
     for shard, result in zip(SHARDS, results, strict=True):
         write_shard(out, shard, result, context)
@@ -87,9 +87,7 @@ def test_the_dataset_version_holds_exactly_the_committed_shards(
 
 
 @pytest.mark.s3
-def test_a_job_writes_a_lance_dataset_on_s3(
-    ray_cluster: str, s3, photo_folder: Path
-) -> None:
+def test_a_job_writes_a_lance_dataset_on_s3(ray_cluster: str, s3, photo_folder: Path) -> None:
     import ray
 
     uri = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/out"
@@ -131,7 +129,9 @@ def test_a_killed_lance_job_resumes_to_the_uninterrupted_dataset(
     data["output"]["format"] = "lance"
     marker, shard = tmp_path / "paused.json", "part-00003"
     driver = injection.start_driver(
-        injection.write_spec(tmp_path / "job.yaml", data), ray_cluster, tmp_path / "driver.log",
+        injection.write_spec(tmp_path / "job.yaml", data),
+        ray_cluster,
+        tmp_path / "driver.log",
         worker_faults={"pause_before_manifest": {"shard": shard, "marker": str(marker)}},
     )
     try:

@@ -64,32 +64,54 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path: Path) -> None:
     source, out = tmp_path / "input", tmp_path / "out"
     sampledata.write_folder(list(sampledata.make_photos(8, seed=2, short_side=(64, 96))), source)
     spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump({
-        "input": {"uri": str(source)}, "output": {"uri": str(out), "shard_size": 4},
-        "views": 1, "seed": 1, "ops": [{"name": "horizontal_flip"}],
-        "execution": {"concurrency": 1},
-    }))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"uri": str(source)},
+                "output": {"uri": str(out), "shard_size": 4},
+                "views": 1,
+                "seed": 1,
+                "ops": [{"name": "horizontal_flip"}],
+                "execution": {"concurrency": 1},
+            }
+        )
+    )
     snapshots = tmp_path / "ss"
     snapshots.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")
+    }
     # Short: Ray's unix socket paths must stay under 107 characters.
     ray_dir = Path(tempfile.mkdtemp(prefix="rl.", dir="/tmp"))
-    env.update(SNAPSHOTS=str(snapshots), RUN_LOG=str(tmp_path / "run.log"),
-               RAY_TMPDIR=str(ray_dir), AWS_EC2_METADATA_DISABLED="true")
+    env.update(
+        SNAPSHOTS=str(snapshots),
+        RUN_LOG=str(tmp_path / "run.log"),
+        RAY_TMPDIR=str(ray_dir),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     rayaug = Path(sys.executable).parent / "rayaug"
     try:
         done = subprocess.run(
             ["unshare", "--net", "bash", "-c", SCRIPT, "namespace", str(rayaug), "run", str(spec)],
-            env=env, capture_output=True, text=True, timeout=240,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         # Ray's own logs (GCS, raylet, agents) name the address the node registered under.
-        logs = [path for path in ray_dir.rglob("*") if path.is_file() and path.suffix in
-                (".out", ".err", ".log")]
-        naming_network = sorted(path.name for path in logs
-                                if NETWORK_ADDRESS in path.read_text(errors="replace"))
-        naming_loopback = [path.name for path in logs
-                           if "127.0.0.1" in path.read_text(errors="replace")]
+        logs = [
+            path
+            for path in ray_dir.rglob("*")
+            if path.is_file() and path.suffix in (".out", ".err", ".log")
+        ]
+        naming_network = sorted(
+            path.name for path in logs if NETWORK_ADDRESS in path.read_text(errors="replace")
+        )
+        naming_loopback = [
+            path.name for path in logs if "127.0.0.1" in path.read_text(errors="replace")
+        ]
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
     log = (tmp_path / "run.log").read_text()

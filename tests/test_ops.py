@@ -25,11 +25,10 @@ from rayaug.ops import (
     Resize,
     Rotation,
     VerticalFlip,
-    decode_reduction,
+    decode_request,
     draw_ops,
     from_records,
     leading_warp,
-    needed_box,
 )
 
 # Every op with non-trivial settings. A new op must be added here (see the first test).
@@ -61,8 +60,14 @@ CONFIGS: dict[str, dict] = {
 }
 # Ops whose parameters do not depend on the random stream at all.
 FIXED = {
-    "resize", "center_crop", "horizontal_flip", "vertical_flip", "grayscale", "equalize",
-    "autocontrast", "invert",
+    "resize",
+    "center_crop",
+    "horizontal_flip",
+    "vertical_flip",
+    "grayscale",
+    "equalize",
+    "autocontrast",
+    "invert",
 }
 CANVAS = (96, 128)  # (height, width)
 SEEDS = range(40)
@@ -186,7 +191,7 @@ def test_records_replay_to_the_same_plan() -> None:
     replayed = from_records(json.loads(json.dumps([s.record() for s in plan])))
     assert [(s.name, s.params) for s in replayed] == [(s.name, s.params) for s in plan]
     assert [s.position for s in replayed] == [(i, 0) for i in range(len(plan))]  # the order applied
-    assert decode_reduction(replayed, (960, 1280)) == decode_reduction(plan, (960, 1280))
+    assert decode_request(replayed, (960, 1280))[0] == decode_request(plan, (960, 1280))[0]
 
 
 # ---------------------------------------------------------------- geometry
@@ -326,35 +331,35 @@ def test_perspective_maps_start_points_to_end_points() -> None:
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 8])
 def test_decode_reduction_of_a_k_times_downscale(k: int) -> None:
     canvas = (120 * k, 160 * k)
-    assert decode_reduction(draw_ops([Resize(size=(120, 160))], 0, canvas), canvas) == k
+    assert decode_request(draw_ops([Resize(size=(120, 160))], 0, canvas), canvas)[0] == k
     # later geometric ops that keep the scale keep the reduction
     for angle in range(0, 360, 15):  # float noise must not turn an exact k into k - 1
         pipeline = [Resize(size=120), HorizontalFlip(p=1), Rotation(degrees=(angle, angle))]
-        assert decode_reduction(draw_ops(pipeline, 0, canvas), canvas) == k, angle
+        assert decode_request(draw_ops(pipeline, 0, canvas), canvas)[0] == k, angle
 
 
 def test_decode_reduction_is_one_without_a_downscale() -> None:
     canvas = (300, 400)
-    assert decode_reduction([], canvas) == 1
-    assert decode_reduction(draw_ops([Resize(size=(600, 800))], 0, canvas), canvas) == 1
-    assert decode_reduction(draw_ops([HorizontalFlip(p=1)], 0, canvas), canvas) == 1
+    assert decode_request([], canvas)[0] == 1
+    assert decode_request(draw_ops([Resize(size=(600, 800))], 0, canvas), canvas)[0] == 1
+    assert decode_request(draw_ops([HorizontalFlip(p=1)], 0, canvas), canvas)[0] == 1
     small_crop = draw_ops([RandomResizedCrop(size=64, scale=(0.01, 0.02))], 0, canvas)
-    assert decode_reduction(small_crop, canvas) == 1  # a small box blown up: full detail
+    assert decode_request(small_crop, canvas)[0] == 1  # a small box blown up: full detail
 
 
 def test_decode_reduction_keeps_the_least_shrunk_axis() -> None:
     # 1200x1600 squeezed to 600 high and 100 wide: only 2x fewer rows may be decoded,
     # however much the columns shrink (a mean scale would decode 240 rows for 600).
     canvas = (1200, 1600)
-    assert decode_reduction(draw_ops([Resize(size=(600, 100))], 0, canvas), canvas) == 2
-    assert decode_reduction(draw_ops([Resize(size=(224, 224))], 0, (400, 1600)), (400, 1600)) == 1
+    assert decode_request(draw_ops([Resize(size=(600, 100))], 0, canvas), canvas)[0] == 2
+    assert decode_request(draw_ops([Resize(size=(224, 224))], 0, (400, 1600)), (400, 1600))[0] == 1
 
 
 def test_decode_reduction_stops_at_the_first_photometric_op() -> None:
     canvas = (1200, 1600)
     plan = draw_ops([_op("gaussian_blur"), Resize(size=(300, 400))], 0, canvas)
     assert [s.name for s in plan] == ["gaussian_blur", "resize"]
-    assert decode_reduction(plan, canvas) == 1  # the blur is meant for full-size pixels
+    assert decode_request(plan, canvas)[0] == 1  # the blur is meant for full-size pixels
 
 
 @pytest.mark.parametrize(
@@ -370,7 +375,7 @@ def test_the_needed_box_holds_every_position_the_first_warp_samples(geometry) ->
     canvas = (480, 640)
     for seed in range(20):
         plan = draw_ops([*geometry, _op("gaussian_blur"), Rotation(degrees=30, p=1)], seed, canvas)
-        box = needed_box(plan, canvas)
+        box = decode_request(plan, canvas)[1]
         matrix, (height, width) = leading_warp(plan, canvas)
         ys, xs = np.mgrid[0:height, 0:width]
         points = np.linalg.inv(matrix) @ np.stack([xs.ravel(), ys.ravel(), np.ones(xs.size)])
@@ -387,8 +392,8 @@ def test_the_needed_box_holds_every_position_the_first_warp_samples(geometry) ->
 def test_no_box_where_the_first_op_is_not_geometric() -> None:
     canvas = (480, 640)
     plan = draw_ops([_op("gaussian_blur"), RandomResizedCrop(size=(224, 224))], 0, canvas)
-    assert needed_box(plan, canvas) is None
-    assert needed_box([], canvas) is None
+    assert decode_request(plan, canvas)[1] is None
+    assert decode_request([], canvas)[1] is None
 
 
 # ---------------------------------------------------------------- colour jitter

@@ -38,7 +38,8 @@ def committed(tmp_path: Path, photos: list[SamplePhoto], fmt: str) -> Location:
     out.write_bytes(commit.SPEC, dump_spec(spec).encode())
     units = [WorkUnit(f"part-0000{i}", (f"{i}.jpg",), planned=4) for i in range(3)]
     commit.write_json(out, commit.PLAN, JobPlan("folder", units, 0, "f").to_json())
-    context = WriteContext(spec.output, 2, VERSIONS)
+    commit.write_json(out, commit.FINGERPRINT, {"fingerprint": "f", "versions": VERSIONS})
+    context = WriteContext(spec.output, VERSIONS)
     for i, shard in enumerate(SHARDS):
         write_shard(out, shard, _result(photos[3 * i : 3 * i + 3]), context)
     return out

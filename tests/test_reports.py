@@ -32,8 +32,9 @@ def finished(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     photos = list(sampledata.make_photos(12, seed=7, short_side=(64, 96)))
     sampledata.write_folder(photos, root / "input")
     (root / "input" / photos[0].label / "zz-broken.jpg").write_bytes(b"not a jpeg")
-    spec = write_spec(root / "job.yaml", root / "input", root / "out", ops=OPS,
-                      errors={"max_error_rate": 0.5})
+    spec = write_spec(
+        root / "job.yaml", root / "input", root / "out", ops=OPS, errors={"max_error_rate": 0.5}
+    )
     result = rayaug("run", str(spec))
     assert result.exit_code == 0, result.output
     assert "done: 24 samples in 2 shards, 2 quarantined" in result.output
@@ -63,10 +64,15 @@ def test_query_answers_like_python_over_the_manifest(finished: Path) -> None:
     expected = rotated_in_python(finished)
     assert 0 < expected < 24  # the question has a non-trivial answer
     assert query_json(finished, SQL_ROTATED) == {
-        "columns": ["rotated"], "rows": [[expected]], "truncated": False}
+        "columns": ["rotated"],
+        "rows": [[expected]],
+        "truncated": False,
+    }
     # The same question straight over the manifest's ops JSON.
-    raw = ("SELECT count(*) FROM manifest, json_each(ops) AS o WHERE o.value->>'op' = 'rotation' "
-           "AND abs(CAST(o.value->'params'->>'angle' AS DOUBLE)) > 10")
+    raw = (
+        "SELECT count(*) FROM manifest, json_each(ops) AS o WHERE o.value->>'op' = 'rotation' "
+        "AND abs(CAST(o.value->'params'->>'angle' AS DOUBLE)) > 10"
+    )
     assert query_json(finished, raw)["rows"] == [[expected]]
     # Per label, errors, and the printed table.
     labels = query_json(finished, "SELECT label, count(*) FROM manifest GROUP BY 1 ORDER BY 1")

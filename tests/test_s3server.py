@@ -33,8 +33,11 @@ def test_wrong_secret_key_is_refused(tmp_path: Path) -> None:
         with server.filesystem().open_output_stream("bkt/k") as out:
             out.write(b"secret")
         intruder = fs.S3FileSystem(
-            endpoint_override=server.endpoint, scheme="http", region=server.region,
-            access_key=server.access_key, secret_key=server.secret_key + "x",
+            endpoint_override=server.endpoint,
+            scheme="http",
+            region=server.region,
+            access_key=server.access_key,
+            secret_key=server.secret_key + "x",
         )
         with pytest.raises(OSError, match="SIGNATURE_DOES_NOT_MATCH|ACCESS_DENIED"):
             intruder.get_file_info(fs.FileSelector("bkt", recursive=True))

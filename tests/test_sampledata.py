@@ -62,7 +62,10 @@ def test_write_folder(photos: list[SamplePhoto], tmp_path: Path) -> None:
 def test_write_parquet(photos: list[SamplePhoto], tmp_path: Path) -> None:
     assert sampledata.write_parquet(photos, tmp_path, rows_per_file=10) == N
     assert [p.name for p in sorted(tmp_path.iterdir())] == [
-        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
     table = pq.read_table(sorted(tmp_path.glob("*.parquet")))  # keeps file order
     assert str(table.schema.field("image").type) == "binary"
     assert [str(table.schema.field(c).type) for c in ("key", "label")] == ["string", "string"]
@@ -73,8 +76,11 @@ def test_write_parquet(photos: list[SamplePhoto], tmp_path: Path) -> None:
 def test_write_webdataset(photos: list[SamplePhoto], tmp_path: Path) -> None:
     assert sampledata.write_webdataset(photos, tmp_path, samples_per_tar=10) == N
     shards = sorted(str(p) for p in tmp_path.glob("shard-*.tar"))
-    assert [Path(s).name for s in shards] == ["shard-00000.tar", "shard-00001.tar",
-                                              "shard-00002.tar"]
+    assert [Path(s).name for s in shards] == [
+        "shard-00000.tar",
+        "shard-00001.tar",
+        "shard-00002.tar",
+    ]
     # The label is text (`.txt`): webdataset's decoder would int() a `.cls` member.
     samples = list(wds.WebDataset(shards, shardshuffle=False).decode("pil"))
     assert [s["__key__"] for s in samples] == [p.key.removesuffix(".jpg") for p in photos]

@@ -31,8 +31,21 @@ from rayaug.storage import Location, open_location
 
 VERSIONS = {"rayaug": "0.1.0-test", "kornia": "0.9.0"}
 DESIGN_COLUMNS = [
-    "sample_id", "source_uri", "source_key", "view", "label", "seed", "ops", "shard",
-    "index", "width", "height", "format", "sha256", "device", "rayaug_version",
+    "sample_id",
+    "source_uri",
+    "source_key",
+    "view",
+    "label",
+    "seed",
+    "ops",
+    "shard",
+    "index",
+    "width",
+    "height",
+    "format",
+    "sha256",
+    "device",
+    "rayaug_version",
     "kornia_version",
 ]
 SHARD = "part-00003"
@@ -43,19 +56,23 @@ def _augmented(photos: list[SamplePhoto], views: int = 2) -> list[AugmentedSampl
     for photo in photos:
         width, height = Image.open(io.BytesIO(photo.jpeg)).size
         for view in range(views):
-            samples.append(AugmentedSample(
-                source_key=photo.key,
-                source_uri=f"s3://in/{photo.key}",
-                view=view,
-                seed=sample_seed(7, photo.key, view),
-                label=None if photo.label == "coffee" else photo.label,
-                ops=[{"name": "hflip", "applied": view == 1, "params": {}},
-                     {"name": "rotation", "applied": True, "params": {"degrees": 12.5 * view}}],
-                source_size=(height, width),
-                image=photo.jpeg,  # real JPEG bytes stand in for the augmented ones
-                height=height,
-                width=width,
-            ))
+            samples.append(
+                AugmentedSample(
+                    source_key=photo.key,
+                    source_uri=f"s3://in/{photo.key}",
+                    view=view,
+                    seed=sample_seed(7, photo.key, view),
+                    label=None if photo.label == "coffee" else photo.label,
+                    ops=[
+                        {"name": "hflip", "applied": view == 1, "params": {}},
+                        {"name": "rotation", "applied": True, "params": {"degrees": 12.5 * view}},
+                    ],
+                    source_size=(height, width),
+                    image=photo.jpeg,  # real JPEG bytes stand in for the augmented ones
+                    height=height,
+                    width=width,
+                )
+            )
     return samples
 
 
@@ -130,8 +147,15 @@ def _check_manifest(out: Location, result: ShardOutput, images: list[bytes], fmt
 def _check_errors(out: Location, result: ShardOutput) -> None:
     errors = _read_table(out, commit.errors_path(SHARD)).to_pylist()
     assert errors == [
-        {"sample_id": f"{q.source_key}#{q.view}", "source_key": q.source_key, "view": q.view,
-         "shard": SHARD, "stage": q.stage, "error_class": q.error_class, "message": q.message}
+        {
+            "sample_id": f"{q.source_key}#{q.view}",
+            "source_key": q.source_key,
+            "view": q.view,
+            "shard": SHARD,
+            "stage": q.stage,
+            "error_class": q.error_class,
+            "message": q.message,
+        }
         for q in result.quarantined
     ]
 
@@ -139,10 +163,13 @@ def _check_errors(out: Location, result: ShardOutput) -> None:
 def test_parquet_shard(out: RecordingLocation, photos: list[SamplePhoto]) -> None:
     output = OutputSpec(uri=out.uri, format="parquet")
     result = _result(photos[:5])
-    committed = write_shard(out, SHARD, result, WriteContext(output, 2, VERSIONS))
+    committed = write_shard(out, SHARD, result, WriteContext(output, VERSIONS))
 
     assert out.writes == [
-        f"data/{SHARD}.parquet", f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+        f"data/{SHARD}.parquet",
+        f"errors/{SHARD}.parquet",
+        f"manifests/{SHARD}.parquet",
+    ]
     assert (committed.shard, committed.samples, committed.quarantined) == (SHARD, 10, 2)
     assert committed.reasons == {"decode: DecodeError": 2}
     assert commit.committed_shards(out) == {SHARD}
@@ -164,9 +191,12 @@ def test_webdataset_shard(
 ) -> None:
     output = OutputSpec(uri=out.uri, format="webdataset", image_format="jpeg")
     result = _result(photos[:5])
-    write_shard(out, SHARD, result, WriteContext(output, 2, VERSIONS))
+    write_shard(out, SHARD, result, WriteContext(output, VERSIONS))
     assert out.writes == [
-        f"data/{SHARD}.tar", f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+        f"data/{SHARD}.tar",
+        f"errors/{SHARD}.parquet",
+        f"manifests/{SHARD}.parquet",
+    ]
 
     local_copy = tmp_path / "copy" / f"{SHARD}.tar"  # webdataset reads it like any shard
     local_copy.parent.mkdir()
@@ -174,14 +204,16 @@ def test_webdataset_shard(
     raw = list(wds.WebDataset(str(local_copy), shardshuffle=False))
     decoded = list(wds.WebDataset(str(local_copy), shardshuffle=False).decode("pil"))
     assert len(decoded) == len(result.samples)
-    for index, (sample, item, plain) in enumerate(
-        zip(result.samples, decoded, raw, strict=True)
-    ):
+    for index, (sample, item, plain) in enumerate(zip(result.samples, decoded, raw, strict=True)):
         assert item["__key__"] == f"{SHARD}-{index:06d}"
         assert plain["jpg"] == sample.image
         assert item["jpg"].size == (sample.width, sample.height)
-        assert item["json"] == {"sample_id": sample.sample_id, "source_key": sample.source_key,
-                                "view": sample.view, "label": sample.label}
+        assert item["json"] == {
+            "sample_id": sample.sample_id,
+            "source_key": sample.source_key,
+            "view": sample.view,
+            "label": sample.label,
+        }
         if sample.label is None:
             assert "txt" not in item
         else:
@@ -198,7 +230,7 @@ def test_a_soft_label_reaches_the_shard_and_the_manifest(
     output = OutputSpec(uri=out.uri, format=fmt)
     mixed, plain = _augmented(photos[:1], views=2)
     mixed = dataclasses.replace(mixed, soft_label={"cat": 0.75, None: 0.25})
-    write_shard(out, SHARD, ShardOutput(samples=[mixed, plain]), WriteContext(output, 2, VERSIONS))
+    write_shard(out, SHARD, ShardOutput(samples=[mixed, plain]), WriteContext(output, VERSIONS))
     expected = [{"label": "cat", "weight": 0.75}, {"label": None, "weight": 0.25}]
     manifest = _read_table(out, f"manifests/{SHARD}.parquet").to_pylist()
     assert [row["soft_label"] for row in manifest] == [expected, None]
@@ -221,22 +253,23 @@ def test_same_output_twice_gives_the_same_bytes(
     objects = []
     for attempt in ("first", "retry"):
         location = open_location(str(tmp_path / attempt), StorageSpec(retries=0))
-        context = WriteContext(OutputSpec(uri=location.uri, format=fmt), 2, VERSIONS)
+        context = WriteContext(OutputSpec(uri=location.uri, format=fmt), VERSIONS)
         write_shard(location, SHARD, result, context)
         objects.append({p: location.read_bytes(p) for p, _ in location.list(recursive=True)})
     assert objects[0] == objects[1]
     assert len(objects[0]) == 3
     # and a retry over the first attempt's objects leaves the same bytes in place
     location = open_location(str(tmp_path / "first"), StorageSpec(retries=0))
-    write_shard(location, SHARD, result,
-                WriteContext(OutputSpec(uri=location.uri, format=fmt), 2, VERSIONS))
+    write_shard(
+        location, SHARD, result, WriteContext(OutputSpec(uri=location.uri, format=fmt), VERSIONS)
+    )
     assert {p: location.read_bytes(p) for p, _ in location.list(recursive=True)} == objects[0]
 
 
 def test_no_errors_file_without_quarantine(photos: list[SamplePhoto], tmp_path: Path) -> None:
     out = _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=0)))
     result = ShardOutput(device="cpu", sources=2, samples=_augmented(photos[:2], views=1))
-    context = WriteContext(OutputSpec(uri=out.uri, format="webdataset"), 1, VERSIONS)
+    context = WriteContext(OutputSpec(uri=out.uri, format="webdataset"), VERSIONS)
     committed = write_shard(out, "part-00000", result, context)
     assert out.writes == ["data/part-00000.tar", "manifests/part-00000.parquet"]
     assert (committed.samples, committed.quarantined, committed.reasons) == (2, 0, {})
@@ -244,9 +277,14 @@ def test_no_errors_file_without_quarantine(photos: list[SamplePhoto], tmp_path: 
 
 def test_a_shard_of_only_quarantined_samples_is_still_committed(tmp_path: Path) -> None:
     out = _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=0)))
-    result = ShardOutput(device="cpu", sources=1, quarantined=[
-        Quarantined("a.jpg", 0, "read", "SourceError", "null image in column 'image'")])
-    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), 1, VERSIONS)
+    result = ShardOutput(
+        device="cpu",
+        sources=1,
+        quarantined=[
+            Quarantined("a.jpg", 0, "read", "SourceError", "null image in column 'image'")
+        ],
+    )
+    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), VERSIONS)
     write_shard(out, "part-00000", result, context)
     assert out.writes[-1] == "manifests/part-00000.parquet"
     assert commit.committed_shards(out) == {"part-00000"}
@@ -255,9 +293,7 @@ def test_a_shard_of_only_quarantined_samples_is_still_committed(tmp_path: Path) 
     assert _read_table(out, "errors/part-00000.parquet").num_rows == 1
 
 
-def test_a_failed_data_write_commits_nothing(
-    photos: list[SamplePhoto], tmp_path: Path
-) -> None:
+def test_a_failed_data_write_commits_nothing(photos: list[SamplePhoto], tmp_path: Path) -> None:
     @dataclass(frozen=True)
     class FailingData(RecordingLocation):
         def write_bytes(self, relative: str, data: bytes) -> None:
@@ -267,7 +303,7 @@ def test_a_failed_data_write_commits_nothing(
 
     base = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
     out = FailingData(base.uri, base.fs, base.root, base.attempts)
-    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), 2, VERSIONS)
+    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), VERSIONS)
     with pytest.raises(OSError, match="disk on fire"):
         write_shard(out, SHARD, _result(photos[:2]), context)
     assert out.writes == []

@@ -69,10 +69,13 @@ def _expected(fmt: str, photos: list[SamplePhoto]) -> dict[str, tuple[bytes, str
     if fmt == "folder":
         return {p.key: (p.jpeg, p.label) for p in sorted(photos, key=lambda p: p.key)}
     if fmt == "parquet":
-        return {f"part-{i // 10:05d}.parquet:{i % 10}": (p.jpeg, p.label)
-                for i, p in enumerate(photos)}
-    return {f"shard-{i // 10:05d}.tar/{p.key.removesuffix('.jpg')}": (p.jpeg, p.label)
-            for i, p in enumerate(photos)}
+        return {
+            f"part-{i // 10:05d}.parquet:{i % 10}": (p.jpeg, p.label) for i, p in enumerate(photos)
+        }
+    return {
+        f"shard-{i // 10:05d}.tar/{p.key.removesuffix('.jpg')}": (p.jpeg, p.label)
+        for i, p in enumerate(photos)
+    }
 
 
 # ---------------------------------------------------------------- the three formats
@@ -129,9 +132,7 @@ def test_list_and_read_every_format(
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_declared_format_is_used(
-    fmt: str, photos: list[SamplePhoto], tmp_path: Path
-) -> None:
+def test_declared_format_is_used(fmt: str, photos: list[SamplePhoto], tmp_path: Path) -> None:
     root = tmp_path / "input"
     _write(fmt, photos[:3], root)
     location = open_location(str(root), StorageSpec(retries=0))
@@ -192,15 +193,15 @@ def test_empty_input_is_a_usage_error(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- Parquet specifics
 
 
-def _parquet(root: Path, name: str, table: pa.Table, row_group_size: int | None = None,
-             **options: object) -> None:
+def _parquet(
+    root: Path, name: str, table: pa.Table, row_group_size: int | None = None, **options: object
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, root / name, row_group_size=row_group_size, **options)
 
 
 def test_parquet_without_the_image_column_names_the_columns(tmp_path: Path) -> None:
-    _parquet(tmp_path / "in", "a.parquet",
-             pa.table({"picture": [b"x"], "caption": ["a cat"]}))
+    _parquet(tmp_path / "in", "a.parquet", pa.table({"picture": [b"x"], "caption": ["a cat"]}))
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     with pytest.raises(UsageError) as caught:
         list_input(location, InputSpec(uri=location.uri), shard_size=4)
@@ -215,11 +216,13 @@ def test_parquet_without_the_image_column_names_the_columns(tmp_path: Path) -> N
 
 
 def test_parquet_units_cut_across_row_groups(photos: list[SamplePhoto], tmp_path: Path) -> None:
-    table = pa.table({
-        "image": pa.array([p.jpeg for p in photos[:11]], pa.binary()),
-        "label": pa.array([i for i in range(11)], pa.int64()),  # a non-string label
-        "key": pa.array([p.key for p in photos[:11]]),
-    })
+    table = pa.table(
+        {
+            "image": pa.array([p.jpeg for p in photos[:11]], pa.binary()),
+            "label": pa.array([i for i in range(11)], pa.int64()),  # a non-string label
+            "key": pa.array([p.key for p in photos[:11]]),
+        }
+    )
     _parquet(tmp_path / "in", "only.parquet", table, row_group_size=3)
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri, key_column="key")
@@ -247,10 +250,12 @@ def corrupt_one_page(path: Path, group: int, column: int) -> None:
 def test_a_corrupt_page_quarantines_only_its_row_group(
     photos: list[SamplePhoto], tmp_path: Path
 ) -> None:
-    table = pa.table({
-        "key": pa.array([p.key for p in photos[:12]]),
-        "image": pa.array([p.jpeg for p in photos[:12]], pa.binary()),
-    })
+    table = pa.table(
+        {
+            "key": pa.array([p.key for p in photos[:12]]),
+            "image": pa.array([p.jpeg for p in photos[:12]], pa.binary()),
+        }
+    )
     # No dictionary: each column chunk is one data page holding the values.
     _parquet(tmp_path / "in", "only.parquet", table, row_group_size=4, use_dictionary=False)
     corrupt_one_page(tmp_path / "in" / "only.parquet", group=1, column=1)
@@ -279,12 +284,18 @@ def test_a_corrupt_page_quarantines_only_its_row_group(
 def test_hugging_face_struct_image_column(photos: list[SamplePhoto], tmp_path: Path) -> None:
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     images = pa.array(
-        [{"bytes": photos[0].jpeg, "path": "a.jpg"}, None,
-         {"bytes": photos[2].jpeg, "path": "c.jpg"}],
+        [
+            {"bytes": photos[0].jpeg, "path": "a.jpg"},
+            None,
+            {"bytes": photos[2].jpeg, "path": "c.jpg"},
+        ],
         image_type,
     )
-    _parquet(tmp_path / "in", "train-00000-of-00001.parquet",
-             pa.table({"image": images, "label": ["x", "y", "z"]}))
+    _parquet(
+        tmp_path / "in",
+        "train-00000-of-00001.parquet",
+        pa.table({"image": images, "label": ["x", "y", "z"]}),
+    )
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri)
     (unit,) = list_input(location, spec, shard_size=8).units
@@ -296,17 +307,26 @@ def test_hugging_face_struct_image_column(photos: list[SamplePhoto], tmp_path: P
 
 
 def test_null_image_row_becomes_an_error_sample(photos: list[SamplePhoto], tmp_path: Path) -> None:
-    _parquet(tmp_path / "in", "p.parquet", pa.table({
-        "image": pa.array([photos[0].jpeg, None, photos[1].jpeg], pa.binary()),
-        "label": ["a", "b", None],
-    }))
+    _parquet(
+        tmp_path / "in",
+        "p.parquet",
+        pa.table(
+            {
+                "image": pa.array([photos[0].jpeg, None, photos[1].jpeg], pa.binary()),
+                "label": ["a", "b", None],
+            }
+        ),
+    )
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri)
     (unit,) = list_input(location, spec, shard_size=8).units
     samples = read_unit(location, spec, "parquet", unit)
     assert [s.key for s in samples] == ["p.parquet:0", "p.parquet:1", "p.parquet:2"]
     assert samples[1] == SourceSample(
-        "p.parquet:1", location.uri_of("p.parquet"), None, "b",
+        "p.parquet:1",
+        location.uri_of("p.parquet"),
+        None,
+        "b",
         "null image in column 'image'",
     )
     assert samples[0].error is None and samples[2].error is None and samples[2].label is None
@@ -314,10 +334,16 @@ def test_null_image_row_becomes_an_error_sample(photos: list[SamplePhoto], tmp_p
 
 def _repeated_keys(photos: list[SamplePhoto], root: Path) -> tuple[Location, InputSpec]:
     """Four Parquet rows keyed x, y, x, z by their `id` column."""
-    _parquet(root, "d.parquet", pa.table({
-        "image": pa.array([p.jpeg for p in photos[:4]], pa.binary()),
-        "id": ["x", "y", "x", "z"],
-    }))
+    _parquet(
+        root,
+        "d.parquet",
+        pa.table(
+            {
+                "image": pa.array([p.jpeg for p in photos[:4]], pa.binary()),
+                "id": ["x", "y", "x", "z"],
+            }
+        ),
+    )
     location = open_location(str(root), StorageSpec(retries=0))
     return location, InputSpec(uri=location.uri, key_column="id")
 
@@ -393,12 +419,15 @@ def test_hostile_member_names_are_read_not_extracted(
     work = tmp_path / "a" / "b" / "c"
     work.mkdir(parents=True)
     monkeypatch.chdir(work)
-    _tar(work / "in" / "evil.tar", [
-        ("../../escape.jpg", photos[0].jpeg),
-        ("../../escape.txt", b"pwned"),
-        ("/abs/path.jpg", photos[1].jpeg),
-        ("fine.jpg", photos[2].jpeg),
-    ])
+    _tar(
+        work / "in" / "evil.tar",
+        [
+            ("../../escape.jpg", photos[0].jpeg),
+            ("../../escape.txt", b"pwned"),
+            ("/abs/path.jpg", photos[1].jpeg),
+            ("fine.jpg", photos[2].jpeg),
+        ],
+    )
     before = sorted(p for p in tmp_path.rglob("*"))
     location = open_location(str(work / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri)
@@ -416,20 +445,29 @@ def test_hostile_member_names_are_read_not_extracted(
 def test_duplicate_tar_keys_are_marked_not_dropped(
     photos: list[SamplePhoto], tmp_path: Path
 ) -> None:
-    _tar(tmp_path / "in" / "s.tar", [
-        ("a.jpg", photos[0].jpeg), ("a.txt", b"first"),
-        ("b.jpg", photos[1].jpeg),
-        ("a.jpg", photos[2].jpeg), ("a.txt", b"again"),  # the key `a` again, not adjacent
-        ("c.jpg", photos[3].jpeg), ("c.jpg", photos[4].jpeg),  # adjacent repeat
-    ])
+    _tar(
+        tmp_path / "in" / "s.tar",
+        [
+            ("a.jpg", photos[0].jpeg),
+            ("a.txt", b"first"),
+            ("b.jpg", photos[1].jpeg),
+            ("a.jpg", photos[2].jpeg),
+            ("a.txt", b"again"),  # the key `a` again, not adjacent
+            ("c.jpg", photos[3].jpeg),
+            ("c.jpg", photos[4].jpeg),  # adjacent repeat
+        ],
+    )
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri)
     (unit,) = list_input(location, spec, shard_size=8).units
     samples = read_unit(location, spec, "webdataset", unit)
     assert len(samples) == 5
     ok = [(s.key, s.data, s.label) for s in samples if s.error is None]
-    assert ok == [("s.tar/a", photos[0].jpeg, "first"), ("s.tar/b", photos[1].jpeg, None),
-                  ("s.tar/c", photos[3].jpeg, None)]
+    assert ok == [
+        ("s.tar/a", photos[0].jpeg, "first"),
+        ("s.tar/b", photos[1].jpeg, None),
+        ("s.tar/c", photos[3].jpeg, None),
+    ]
     marked = [s for s in samples if s.error is not None]
     assert [s.key.split("~")[0] for s in marked] == ["s.tar/a", "s.tar/c"]
     assert all("duplicate source key" in s.error for s in marked)

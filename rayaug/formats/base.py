@@ -65,6 +65,18 @@ class InputFormat:
         """The work units of at most `shard_size` sources over the listed (path, size) files."""
         raise NotImplementedError
 
+    def plan_added(
+        self,
+        location: Location,
+        spec: InputSpec,
+        recorded: list[tuple[str, int]],
+        added: list[tuple[str, int]],
+        shard_size: int,
+    ) -> list[WorkUnit]:
+        """The work units of the files `added` to a listing of which `recorded` was planned
+        already (an output that grows): the added files planned on their own."""
+        return self.plan(location, spec, added, shard_size).units
+
     def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
         """Every source sample of one unit, in a stable order."""
         raise NotImplementedError

@@ -51,6 +51,20 @@ class ParquetInput(InputFormat):
         units = _parquet_units(location, spec, [path for path, _ in chosen], shard_size)
         return Listing(self.name, units, chosen, len(files) - len(chosen))
 
+    def plan_added(
+        self,
+        location: Location,
+        spec: InputSpec,
+        recorded: list[tuple[str, int]],
+        added: list[tuple[str, int]],
+        shard_size: int,
+    ) -> list[WorkUnit]:
+        """Planned after the recorded files, so that a key the added files repeat is marked
+        in them (the recorded copy stays the first) as a planning of the whole would."""
+        paths = {path for path, _ in added}
+        units = self.plan(location, spec, recorded + added, shard_size).units
+        return [unit for unit in units if unit.files[0] in paths]
+
     def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
         return list(_read_parquet(location, spec, unit))
 
@@ -240,9 +254,10 @@ def _parquet_pieces(
                 except _CORRUPT:
                     keys = None
             yield (
-                lo, hi - lo, None if keys is None else keys.slice(lo - first, hi - lo),
-                f"unreadable Parquet row group {group} (rows {first}-{first + rows - 1}): "
-                f"{reason}",
+                lo,
+                hi - lo,
+                None if keys is None else keys.slice(lo - first, hi - lo),
+                f"unreadable Parquet row group {group} (rows {first}-{first + rows - 1}): {reason}",
             )
             continue
         yield lo, hi - lo, table.slice(lo - first, hi - lo), None

@@ -76,7 +76,7 @@ def label_balance(output: Output, table: pa.Table, errors: pa.Table) -> dict:
     quarantined in every view has no known label: `null`). `kept` is samples / (sources x views).
     """
     views = output.spec.views
-    listed = input_format(output.plan.format).listed_labels(output.plan.units)
+    listed = input_format(output.plan.format).listed_labels(output.plan.source_units)
     if listed is not None:
         before = Counter(listed)
         basis = "folder labels of the input listing"

@@ -10,8 +10,11 @@ import pyarrow as pa
 
 from rayaug import commit
 from rayaug.formats import output_format
-from rayaug.outputs import Output, errors_of, manifest_of, read_images, status_of
+from rayaug.outputs import Output, errors_of, manifest_of, manifests, read_images, status_of
+from rayaug.records import WorkUnit
 from rayaug.sinks import SOURCES_KEY, orphans
+from rayaug.sources import read_unit
+from rayaug.storage import Location
 
 
 def summary(output: Output, table: pa.Table, errors: pa.Table) -> dict:
@@ -84,9 +87,9 @@ def verify(output: Output) -> list[str]:
     committed = commit.committed_shards(out)
     breaches = [f"shard {u.shard} is not committed" for u in plan.units if u.shard not in committed]
     seen: Counter = Counter()
-    planned = {u.shard: u.planned for u in plan.units}
+    units = {unit.shard: unit for unit in plan.units}
     for shard in sorted(committed):
-        breaches += _verify_shard(output, shard, planned.get(shard), seen)
+        breaches += _verify_shard(output, shard, units.get(shard), seen)
     breaches += [f"sample {s} appears {n} times" for s, n in seen.items() if n > 1]
     breaches += [f"orphan object {p}" for p in orphans(out, spec.output, committed)]
     if not out.exists(commit.SUCCESS):
@@ -96,20 +99,21 @@ def verify(output: Output) -> list[str]:
     return breaches
 
 
-def _verify_shard(output: Output, shard: str, planned: int | None, seen: Counter) -> list[str]:
+def _verify_shard(output: Output, shard: str, unit: WorkUnit | None, seen: Counter) -> list[str]:
     out, spec = output.location, output.spec
-    if shard not in {u.shard for u in output.plan.units}:
+    if unit is None:
         return [f"manifest {shard} is not part of the plan"]
+    planned, views = unit.planned, unit.view_count
     manifest = manifest_of(out, shard)
     errors = errors_of(out, shard)
     sources = int((manifest.schema.metadata or {}).get(SOURCES_KEY.encode(), b"-1"))
     breaches = []
     if planned is not None and sources != planned:
         breaches.append(f"shard {shard} read {sources} sources, planned {planned}")
-    if manifest.num_rows + errors.num_rows != sources * spec.views:
+    if manifest.num_rows + errors.num_rows != sources * views:
         breaches.append(
             f"shard {shard}: {manifest.num_rows} samples + {errors.num_rows} "
-            f"quarantined != {sources} sources x {spec.views} views"
+            f"quarantined != {sources} sources x {views} views"
         )
     seen.update(manifest.column("sample_id").to_pylist() + errors.column("sample_id").to_pylist())
     images = read_images(out, spec, shard)
@@ -124,3 +128,22 @@ def _verify_shard(output: Output, shard: str, planned: int | None, seen: Counter
         if image is None or hashlib.sha256(image).hexdigest() != digest:
             breaches.append(f"sample {sample}: bytes missing or sha256 mismatch")
     return breaches
+
+
+def changed_sources(output: Output, source: Location) -> list[str]:
+    """Each source whose bytes are no longer those the job read (its samples cannot replay to
+    the same bytes), or that is gone: a change of the input, not a fault of the output."""
+    table = manifests(output.location).select(["source_key", "source_sha256"])
+    recorded = dict(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+    recorded = {key: digest for key, digest in recorded.items() if digest is not None}
+    found = []
+    for unit in output.plan.source_units:
+        for sample in read_unit(source, output.spec.input, output.plan.format, unit):
+            digest = recorded.pop(sample.key, None)
+            if digest is None or sample.digest == digest:
+                continue
+            if sample.error is not None:
+                found.append(f"source {sample.key} cannot be read now: {sample.error}")
+            else:
+                found.append(f"source {sample.key} changed since the job ran ({sample.uri})")
+    return found + [f"source {key} is gone from the input" for key in sorted(recorded)]

@@ -39,12 +39,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 KINDS = ("slowdown", "internal", "reset", "lost")
 STALLS = ("stall", "stall_body")
 # Headers that belong to one hop, not to the request: never forwarded as they came.
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "expect", "te",
-        "upgrade", "content-length"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "expect",
+    "te",
+    "upgrade",
+    "content-length",
+}
 _ERRORS = {
     "slowdown": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-    "internal": (500, "Internal Server Error", "InternalError",
-                 "We encountered an internal error. Please try again."),
+    "internal": (
+        500,
+        "Internal Server Error",
+        "InternalError",
+        "We encountered an internal error. Please try again.",
+    ),
 }
 
 
@@ -106,7 +118,9 @@ class FlakyProxy:
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            daemon=True,
             name="flaky-proxy",
         )
         self._thread.start()
@@ -198,7 +212,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._stall()  # no body to stop in the middle of: hang before the answer
             return
         cut = (
-            self.command == "GET" and status in (200, 206) and len(data) >= 2
+            self.command == "GET"
+            and status in (200, 206)
+            and len(data) >= 2
             and self.proxy._truncate_this_get()
         )
         self.send_response_only(status, reason)

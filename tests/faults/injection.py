@@ -149,8 +149,9 @@ def _hang_actor(settings: dict) -> None:
     def hang(original, stage, batch):
         calls["n"] += 1
         shards = _shards(batch)
-        if calls["n"] == settings["call"] and claim(settings["marker"], shards=shards,
-                                                    node=_node_id()):
+        if calls["n"] == settings["call"] and claim(
+            settings["marker"], shards=shards, node=_node_id()
+        ):
             _pause(f"augmenting {shards}")
         return original(stage, batch)
 
@@ -311,8 +312,9 @@ def _node_loss_on_loopback(args: argparse.Namespace) -> int:
         # For the test's finalizer, should this process die without shutting the cluster down.
         pids = [p.pid for node in cluster.list_all_nodes() for _, p in node.live_processes()]
         Path(args.pids).write_text(json.dumps([[pid, started_at(pid)] for pid in pids]))
-        ray.init(address=cluster.address, runtime_env=job_runtime_env(worker_faults),
-                 log_to_driver=False)
+        ray.init(
+            address=cluster.address, runtime_env=job_runtime_env(worker_faults), log_to_driver=False
+        )
         remover = _Remover(cluster, workers, marker, out, args.timeout, report)
         remover.start()
         summary = run_job(load_spec(args.spec), RunOptions(), _Silent())
@@ -332,8 +334,9 @@ def _node_loss_on_loopback(args: argparse.Namespace) -> int:
 class _Remover(threading.Thread):
     """Removes the node of the hung actor once a shard is committed; reports what it did."""
 
-    def __init__(self, cluster, workers, marker: Path, out: Path, timeout: float,
-                 report: dict) -> None:
+    def __init__(
+        self, cluster, workers, marker: Path, out: Path, timeout: float, report: dict
+    ) -> None:
         super().__init__(name="node-remover", daemon=True)
         self.cluster, self.workers, self.marker = cluster, workers, marker
         self.out, self.timeout, self.report = out, timeout, report
@@ -454,8 +457,11 @@ def clean_digests(tmp_path_factory, data: dict) -> dict[str, str]:
     key = json.dumps(defining, sort_keys=True)
     if key not in _cache:
         out = tmp_path_factory.mktemp("clean") / "out"
-        run_job(parse_spec(data | {"output": data["output"] | {"uri": str(out)}}),
-                RunOptions(), _Silent())
+        run_job(
+            parse_spec(data | {"output": data["output"] | {"uri": str(out)}}),
+            RunOptions(),
+            _Silent(),
+        )
         _cache[key] = output_digests(out)
     return _cache[key]
 
@@ -470,8 +476,10 @@ def output_digests(out: Path) -> dict[str, str]:
     for manifest_file in sorted((out / "manifests").glob("*.parquet")):
         shard = manifest_file.name.removesuffix(".parquet")
         manifest = pq.read_table(manifest_file, columns=["sample_id", "sha256"]).to_pylist()
-        data = pq.read_table(io.BytesIO((out / "data" / f"{shard}.parquet").read_bytes()),
-                             columns=["sample_id", "image"]).to_pylist()
+        data = pq.read_table(
+            io.BytesIO((out / "data" / f"{shard}.parquet").read_bytes()),
+            columns=["sample_id", "image"],
+        ).to_pylist()
         images = {row["sample_id"]: hashlib.sha256(row["image"]).hexdigest() for row in data}
         assert len(images) == len(data), f"{shard}: a sample twice in one data file"
         recorded = {row["sample_id"]: row["sha256"] for row in manifest}
@@ -486,7 +494,9 @@ def uncommitted_objects(out: Path) -> list[str]:
     """Files under data/ and errors/ without a manifest, and temp files anywhere."""
     committed = {p.name.removesuffix(".parquet") for p in (out / "manifests").glob("*.parquet")}
     found = [
-        str(p.relative_to(out)) for folder in ("data", "errors") for p in (out / folder).glob("*")
+        str(p.relative_to(out))
+        for folder in ("data", "errors")
+        for p in (out / folder).glob("*")
         if p.name.split(".")[0] not in committed
     ]
     return found + [str(p.relative_to(out)) for p in out.rglob("*.tmp-*")]
@@ -583,21 +593,40 @@ def start(args: list[str], log: Path) -> Driver:
     with open(log, "wb") as stream:
         process = subprocess.Popen(
             [sys.executable, "-m", "faults.injection", *args],
-            stdout=stream, stderr=subprocess.STDOUT, env=python_env(),
-            cwd=TESTS_DIR, start_new_session=True,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            env=python_env(),
+            cwd=TESTS_DIR,
+            start_new_session=True,
         )
     return Driver(process, log)
 
 
-def start_driver(spec: Path, address: str, log: Path, worker_faults: dict | None = None,
-                 driver_faults: dict | None = None) -> Driver:
-    return start(["drive", str(spec), "--address", address,
-                  "--worker-faults", json.dumps(worker_faults or {}),
-                  "--driver-faults", json.dumps(driver_faults or {})], log)
+def start_driver(
+    spec: Path,
+    address: str,
+    log: Path,
+    worker_faults: dict | None = None,
+    driver_faults: dict | None = None,
+) -> Driver:
+    return start(
+        [
+            "drive",
+            str(spec),
+            "--address",
+            address,
+            "--worker-faults",
+            json.dumps(worker_faults or {}),
+            "--driver-faults",
+            json.dumps(driver_faults or {}),
+        ],
+        log,
+    )
 
 
-def wait_for(condition: Callable[[], bool], driver: Driver, what: str,
-             timeout: float = 240.0) -> None:
+def wait_for(
+    condition: Callable[[], bool], driver: Driver, what: str, timeout: float = 240.0
+) -> None:
     """Poll `condition` while the driver runs; fail with its log if it exits or time runs out."""
     deadline = time.monotonic() + timeout
     while not condition():

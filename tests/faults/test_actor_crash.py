@@ -36,8 +36,12 @@ def test_actor_killed_mid_batch_costs_only_that_batch(
     marker = tmp_path / "crashed.json"
     crash = {"crash_actor": {"call": 3, "marker": str(marker)}}
 
-    driver = injection.start_driver(injection.write_spec(tmp_path / "job.yaml", data),
-                                    ray_cluster, tmp_path / "driver.log", worker_faults=crash)
+    driver = injection.start_driver(
+        injection.write_spec(tmp_path / "job.yaml", data),
+        ray_cluster,
+        tmp_path / "driver.log",
+        worker_faults=crash,
+    )
     try:
         assert driver.wait(timeout=300) == 0, driver.stderr()
     finally:

@@ -85,8 +85,9 @@ def job(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, ray_cluster: s
 def test_killed_while_planning(job, tmp_path: Path) -> None:
     data, out, planned, clean, start = job
     marker = tmp_path / "paused.json"
-    driver = start(driver_faults={
-        "pause_before_write": {"path": commit.PLAN, "marker": str(marker)}})
+    driver = start(
+        driver_faults={"pause_before_write": {"path": commit.PLAN, "marker": str(marker)}}
+    )
     injection.wait_for(marker.exists, driver, "the driver to pause while planning")
     # Killed right after the resolved spec was written: no plan, no fingerprint, no shard.
     assert (out / commit.SPEC).exists() and (out / commit.LOCK).exists()
@@ -123,8 +124,7 @@ def test_killed_mid_job(job) -> None:
 def test_killed_between_data_and_manifest(job, tmp_path: Path) -> None:
     data, out, planned, clean, start = job
     marker, shard = tmp_path / "paused.json", "part-00003"
-    driver = start(worker_faults={
-        "pause_before_manifest": {"shard": shard, "marker": str(marker)}})
+    driver = start(worker_faults={"pause_before_manifest": {"shard": shard, "marker": str(marker)}})
     # The write of this shard stops between its data object and its manifest. (Other shards
     # may still commit meanwhile; on 2 CPUs Ray Data mostly runs one write at a time, so the
     # paused one holds the others back.)
@@ -177,7 +177,10 @@ def test_killed_during_final_summary(job, tmp_path: Path, ray_cluster: str) -> N
     rayaug = Path(sys.executable).parent / "rayaug"
     resumed = subprocess.run(
         [str(rayaug), "resume", str(out), "--address", ray_cluster, "--json"],
-        capture_output=True, text=True, timeout=300, env=injection.python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=injection.python_env(),
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = json.loads(resumed.stdout)
@@ -191,9 +194,12 @@ SOAK_PHOTOS, SOAK_SHARDS = 40, 20  # 80 samples, 2 photos (4 samples) per shard
 
 def _written(out: Path) -> set[tuple[str, int]]:
     """Every data, quarantine and manifest file with its modification time."""
-    return {(str(p.relative_to(out)), p.stat().st_mtime_ns)
-            for folder in ("data", "errors", "manifests") if (out / folder).exists()
-            for p in (out / folder).iterdir()}
+    return {
+        (str(p.relative_to(out)), p.stat().st_mtime_ns)
+        for folder in ("data", "errors", "manifests")
+        if (out / folder).exists()
+        for p in (out / folder).iterdir()
+    }
 
 
 def _moment(out: Path, shards: int, before: set[tuple[str, int]]) -> str:
@@ -282,6 +288,9 @@ def test_soak_of_five_kills_at_random_moments(
     injection.assert_same_as_clean(out, planned, clean)
     verdict = subprocess.run(
         [str(Path(sys.executable).parent / "rayaug"), "inspect", str(out), "--verify"],
-        capture_output=True, text=True, timeout=300, env=injection.python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=injection.python_env(),
     )
     assert verdict.returncode == 0, f"{report}\n{verdict.stdout}{verdict.stderr}"

@@ -399,9 +399,15 @@ def test_a_corrupt_parquet_page_quarantines_its_row_group_and_counts_in_the_budg
     source.mkdir()
     colours = [RED, GREEN, BLUE] * 4
     pq.write_table(
-        pa.table({"id": [f"r{i:02d}" for i in range(12)],
-                  "image": pa.array([hostile.good_jpeg(c) for c in colours], pa.binary())}),
-        source / "a.parquet", row_group_size=4, use_dictionary=False,
+        pa.table(
+            {
+                "id": [f"r{i:02d}" for i in range(12)],
+                "image": pa.array([hostile.good_jpeg(c) for c in colours], pa.binary()),
+            }
+        ),
+        source / "a.parquet",
+        row_group_size=4,
+        use_dictionary=False,
     )
     corrupt_one_page(source / "a.parquet", group=1, column=1)
     out = tmp_path / "out"
@@ -415,8 +421,13 @@ def test_a_corrupt_parquet_page_quarantines_its_row_group_and_counts_in_the_budg
     for key in bad:
         assert_quarantined(key, "read", ("unreadable Parquet row group 1 (rows 4-7)",), errors)
     # Over budget: the same input stops the job, naming the reason.
-    strict = make_spec(source, tmp_path / "strict", input={"key_column": "id"},
-                       output={"shard_size": 6}, errors={"max_error_rate": 0.1})
+    strict = make_spec(
+        source,
+        tmp_path / "strict",
+        input={"key_column": "id"},
+        output={"shard_size": 6},
+        errors={"max_error_rate": 0.1},
+    )
     with pytest.raises(Exception, match="error budget exceeded"):
         run(strict)
 

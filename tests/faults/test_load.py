@@ -84,19 +84,25 @@ def test_20000_images_in_200_shards_bounded_driver_memory_and_open_files(
     source, out = tmp_path / "in", tmp_path / "out"
     _write_images(source, IMAGES)
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "input": {"uri": str(source)},
-        "output": {"uri": str(out), "shard_size": SHARD_SIZE},
-        "views": 1,
-        "ops": [{"name": "horizontal_flip"}],
-        "execution": {"batch_size": 256},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"uri": str(source)},
+                "output": {"uri": str(out), "shard_size": SHARD_SIZE},
+                "views": 1,
+                "ops": [{"name": "horizontal_flip"}],
+                "execution": {"batch_size": 256},
+            }
+        )
+    )
     log = tmp_path / "driver.log"
     script = Path(sys.executable).parent / "rayaug"
     with open(tmp_path / "summary.json", "wb") as stdout, open(log, "wb") as stderr:
         driver = subprocess.Popen(
             [str(script), "run", str(job), "--address", ray_cluster, "--json"],
-            stdout=stdout, stderr=stderr, env=os.environ | {"RAY_ADDRESS": ""},
+            stdout=stdout,
+            stderr=stderr,
+            env=os.environ | {"RAY_ADDRESS": ""},
         )
     # (shards committed, RSS bytes, open descriptors), sampled while the driver runs
     samples: list[tuple[int, int, int]] = []

@@ -44,9 +44,20 @@ def test_worker_node_lost_mid_job(
         "record_actor_nodes": {"dir": str(records)},
     }
     script = injection.start(
-        ["node-loss", str(injection.write_spec(tmp_path / "job.yaml", data)),
-         "--out", str(out), "--report", str(report_file), "--pids", str(pids),
-         "--worker-faults", json.dumps(faults), "--timeout", "240"],
+        [
+            "node-loss",
+            str(injection.write_spec(tmp_path / "job.yaml", data)),
+            "--out",
+            str(out),
+            "--report",
+            str(report_file),
+            "--pids",
+            str(pids),
+            "--worker-faults",
+            json.dumps(faults),
+            "--timeout",
+            "240",
+        ],
         tmp_path / "cluster.log",
     )
     try:
@@ -66,8 +77,11 @@ def test_worker_node_lost_mid_job(
     # been committed; that batch was lost with it and done again on the surviving node.
     hung = report["hung_shards"]
     assert hung and not set(hung) & set(report["manifests_at_removal"])
-    redone = {shard for node, shard, at in injection.actor_calls(records)
-              if node == survivor and at > report["removed_at"]}
+    redone = {
+        shard
+        for node, shard, at in injection.actor_calls(records)
+        if node == survivor and at > report["removed_at"]
+    }
     assert set(hung) <= redone
     # The job finished on the remaining node: every shard committed once, bytes of a clean run.
     summary = report["summary"]

@@ -51,7 +51,10 @@ def leaks(blob: bytes, secrets: dict[str, str]) -> list[str]:
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(RAYAUG), *args], capture_output=True, text=True, timeout=300,
+        [str(RAYAUG), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env=env or dict(os.environ),
     )
 
@@ -82,7 +85,7 @@ def test_credentials_leak_nowhere(
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == secret  # what the job and Ray's workers use
     wrong = "wrong-" + uuid.uuid4().hex
     secrets = {"secret key": secret, "wrong secret": wrong}
-    assert leaks(f"...{secret[7:7 + WINDOW]}...".encode(), secrets) == ["secret key"]  # it bites
+    assert leaks(f"...{secret[7 : 7 + WINDOW]}...".encode(), secrets) == ["secret key"]  # it bites
     direct = f"http://{s3.endpoint}"
 
     prefix = f"{BUCKET}/faults-secrets-{uuid.uuid4().hex[:8]}"
@@ -95,8 +98,9 @@ def test_credentials_leak_nowhere(
     out_uri = f"s3://{prefix}/out"
     texts: dict[str, str] = {}
 
-    with FlakyProxy(s3.endpoint, every=1, limit=5, kinds=("internal", "slowdown"),
-                    methods=("PUT",)) as proxy:
+    with FlakyProxy(
+        s3.endpoint, every=1, limit=5, kinds=("internal", "slowdown"), methods=("PUT",)
+    ) as proxy:
         spec = {
             "input": {"uri": f"s3://{prefix}/in"},
             "output": {"uri": out_uri, "shard_size": 4},
@@ -115,8 +119,14 @@ def test_credentials_leak_nowhere(
         assert proxy.counts["internal"] and proxy.counts["slowdown"]  # retried, and logged:
         assert "retry 1/" in run.stderr, run.stderr
 
-        refused = cli("-v", "run", str(spec_file), "--address", ray_cluster,
-                      env=os.environ | {"AWS_SECRET_ACCESS_KEY": wrong})
+        refused = cli(
+            "-v",
+            "run",
+            str(spec_file),
+            "--address",
+            ray_cluster,
+            env=os.environ | {"AWS_SECRET_ACCESS_KEY": wrong},
+        )
         texts["run with a wrong secret"] = refused.stdout + refused.stderr
         assert refused.returncode == 2, refused.stderr
         assert "credentials refused" in refused.stderr and "Traceback" not in refused.stderr
@@ -147,12 +157,21 @@ def test_credentials_leak_nowhere(
     logs = ray_log_files(started)
     assert logs, "no Ray log file was written during the test"
 
-    found = [f"object {path}: {leaks(blob, secrets)}"
-             for path, blob in objects.items() if leaks(blob, secrets)]
-    found += [f"output of `rayaug {name}`: {leaks(text.encode(), secrets)}"
-              for name, text in texts.items() if leaks(text.encode(), secrets)]
-    found += [f"Ray log {path}: {leaks(path.read_bytes(), secrets)}"
-              for path in logs if leaks(path.read_bytes(), secrets)]
+    found = [
+        f"object {path}: {leaks(blob, secrets)}"
+        for path, blob in objects.items()
+        if leaks(blob, secrets)
+    ]
+    found += [
+        f"output of `rayaug {name}`: {leaks(text.encode(), secrets)}"
+        for name, text in texts.items()
+        if leaks(text.encode(), secrets)
+    ]
+    found += [
+        f"Ray log {path}: {leaks(path.read_bytes(), secrets)}"
+        for path in logs
+        if leaks(path.read_bytes(), secrets)
+    ]
     assert found == [], "credentials leaked:\n" + "\n".join(found)
 
 
@@ -172,18 +191,23 @@ def test_submit_would_not_ship_credentials(
     assert not leaks(json.dumps(forwarded).encode(), {"secret": secret, "token": token})
     # Defence in depth: even a FORWARDED_ENV that named them would not ship them.
     monkeypatch.setattr(
-        job, "FORWARDED_ENV",
+        job,
+        "FORWARDED_ENV",
         (*job.FORWARDED_ENV, "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"),
     )
     assert set(submit.forwarded_env()) == set(forwarded)
 
     spec_file = tmp_path / "job.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "input": {"uri": f"s3://{BUCKET}/in"},
-        "output": {"uri": f"s3://{BUCKET}/out"},
-        "ops": OPS,
-        "storage": {"endpoint": f"http://{s3.endpoint}", "region": s3.region},
-    }))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"uri": f"s3://{BUCKET}/in"},
+                "output": {"uri": f"s3://{BUCKET}/out"},
+                "ops": OPS,
+                "storage": {"endpoint": f"http://{s3.endpoint}", "region": s3.region},
+            }
+        )
+    )
     sent: dict = {}
 
     class Recorder:

@@ -49,9 +49,7 @@ VIEWS = 2
 SHORT_DEADLINES = {"connect_timeout": 1.0, "request_timeout": 1.0}
 
 
-def job_spec(
-    source: str, out: str, endpoint: str | None = None, **storage: float | int
-) -> JobSpec:
+def job_spec(source: str, out: str, endpoint: str | None = None, **storage: float | int) -> JobSpec:
     data: dict = {
         "input": {"uri": source},
         "output": {"uri": out, "shard_size": 3},
@@ -161,8 +159,9 @@ def test_a_stalled_call_ends_at_its_deadline_and_is_retried(
             f"s3://{prefix}",
             StorageSpec(endpoint=stalling.url, region=s3.region, retries=4, **SHORT_DEADLINES),
         )
-        payloads = {f"data/part-{i}.bin": hashlib.sha256(bytes([i])).digest() * 500
-                    for i in range(4)}
+        payloads = {
+            f"data/part-{i}.bin": hashlib.sha256(bytes([i])).digest() * 500 for i in range(4)
+        }
         started = time.monotonic()
         for path, payload in payloads.items():
             location.write_bytes(path, payload)
@@ -207,8 +206,9 @@ def test_job_through_a_stalling_proxy_equals_a_clean_run(
     prefix = f"{BUCKET}/faults-stalls-{uuid.uuid4().hex[:8]}"
     upload(s3.filesystem(), photos, f"{prefix}/in")
     with FlakyProxy(s3.endpoint, every=7, limit=8, kinds=STALLS, warmup=3) as stalling:
-        spec = job_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=stalling.url,
-                        **SHORT_DEADLINES)
+        spec = job_spec(
+            f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=stalling.url, **SHORT_DEADLINES
+        )
         started = time.monotonic()
         summary = run_job(spec, RunOptions(), RecordingProgress())
         elapsed = time.monotonic() - started
@@ -238,14 +238,26 @@ def test_a_job_whose_storage_keeps_hanging_stops_in_one_line_and_resumes(
     prefix = f"{BUCKET}/faults-hang-{uuid.uuid4().hex[:8]}"
     upload(s3.filesystem(), photos, f"{prefix}/in")
     with FlakyProxy(s3.endpoint, every=0) as proxy:
-        data = job_spec(f"s3://{prefix}/in", f"s3://{prefix}/out", endpoint=proxy.url,
-                        retries=1, **SHORT_DEADLINES).model_dump(mode="json")
+        data = job_spec(
+            f"s3://{prefix}/in",
+            f"s3://{prefix}/out",
+            endpoint=proxy.url,
+            retries=1,
+            **SHORT_DEADLINES,
+        ).model_dump(mode="json")
         spec_file = tmp_path / "job.yaml"
         spec_file.write_text(yaml.safe_dump(data))
         driver = subprocess.Popen(
-            [str(Path(sys.executable).parent / "rayaug"), "run", str(spec_file),
-             "--address", ray_cluster],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                str(Path(sys.executable).parent / "rayaug"),
+                "run",
+                str(spec_file),
+                "--address",
+                ray_cluster,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env=os.environ | {"RAY_ADDRESS": ""},
         )
         out = open_location(f"s3://{prefix}/out", direct)
@@ -270,12 +282,13 @@ def test_a_job_whose_storage_keeps_hanging_stops_in_one_line_and_resumes(
     assert "Timeout" in errors[0] and "rayaug resume" in errors[0], errors[0]
     assert "DataContext" not in errors[0], errors[0]  # Ray Data's retry advice is not ours
     assert hangs > 0 and stopped_after < 120, (hangs, stopped_after)
-    print(f"stopped {stopped_after:.1f} s after storage began to hang ({hangs} stalled calls): "
-          f"{errors[0]}")
+    print(
+        f"stopped {stopped_after:.1f} s after storage began to hang ({hangs} stalled calls): "
+        f"{errors[0]}"
+    )
 
     committed = len(out.list("manifests"))
-    resumed = parse_spec(data | {"storage": {"endpoint": direct.endpoint,
-                                             "region": direct.region}})
+    resumed = parse_spec(data | {"storage": {"endpoint": direct.endpoint, "region": direct.region}})
     progress = RecordingProgress()
     run_job(resumed, RunOptions(), progress)
     assert progress.start == committed * 3 * VIEWS  # kept, not redone (shard_size 3)
