@@ -21,7 +21,7 @@ from rayaug.cli import main
 from rayaug.diff import diff_outputs
 from rayaug.errors import UsageError
 from rayaug.formats.lance import DATASET
-from rayaug.job import RunOptions, run_job
+from rayaug.job import JobSummary, RunOptions, run_job
 from rayaug.plan import prepare, recorded_job
 from rayaug.replay import replay
 from rayaug.reports.summary import verify
@@ -55,10 +55,8 @@ def planned(spec: JobSpec, grow: bool = True) -> plan.JobPlan:
     return prepare(spec, location(spec, spec.input.uri), location(spec), grow)
 
 
-def run(spec: JobSpec) -> RecordingProgress:
-    progress = RecordingProgress()
-    run_job(spec, RunOptions(), progress)
-    return progress
+def run(spec: JobSpec) -> JobSummary:
+    return run_job(spec, RunOptions(), RecordingProgress())
 
 
 def samples(uri: str | Path) -> dict[str, tuple[str, str]]:
@@ -153,7 +151,8 @@ def test_resume_does_not_take_new_files(photo_folder: Path, tmp_path: Path) -> N
     spec = spec_of(photo_folder, tmp_path / "out")
     planned(spec)
     sampledata.write_folder(list(sampledata.make_photos(2, seed=4)), photo_folder / "late")
-    with pytest.raises(UsageError, match="the input gained 2 files since the job was recorded; resume finishes"):
+    refusal = "the input gained 2 files since the job was recorded; resume finishes"
+    with pytest.raises(UsageError, match=refusal):
         planned(spec, grow=False)
 
 
@@ -176,8 +175,8 @@ def test_four_to_eight_views_equals_a_fresh_eight_view_job(
     run(spec_of(photo_folder, grown, views=4))
     written = files_under(grown / "data") | files_under(grown / "manifests")
 
-    progress = run(spec_of(photo_folder, grown, views=8))
-    assert progress.new_samples == 24 * 4  # the new views only, not a rerun of 8
+    summary = run(spec_of(photo_folder, grown, views=8))
+    assert summary.tally.new_samples == 24 * 4  # the new views only, not a rerun of 8
     after = files_under(grown / "data") | files_under(grown / "manifests")
     assert {k: after[k] for k in written} == written  # committed shards never rewritten
     run(spec_of(photo_folder, fresh, views=8))
@@ -195,8 +194,7 @@ def test_new_parquet_file_is_the_only_work(ray_cluster: str, photos, tmp_path: P
     run(spec)
     sampledata.write_parquet(photos[16:], tmp_path / "more", rows_per_file=8)
     (tmp_path / "more" / "part-00000.parquet").rename(source / "part-00009.parquet")
-    progress = run(spec)
-    assert progress.new_samples == 8 * 2
+    assert run(spec).tally.new_samples == 8 * 2
     assert len(samples(tmp_path / "out")) == 24 * 2
     assert verify(outputs.recorded_output(open_location(spec.output.uri, spec.storage))) == []
 
