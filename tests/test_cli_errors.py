@@ -88,10 +88,11 @@ def test_an_output_made_inside_its_input_is_rescued(ray_cluster: str, tmp_path: 
     source = photo_folder(tmp_path / "in", 10)
     made = tmp_path / "made"
     assert rayaug("run", str(write_spec(tmp_path / "job.yaml", source, made))).exit_code == 0
-    record = json.loads((made / "_job/fingerprint.json").read_text())
-    record.pop("files")
-    record["fingerprint"] = "0" * 64
-    (made / "_job/fingerprint.json").write_text(json.dumps(record))
+    for name in ("fingerprint.json", "plan.json"):  # an older digest, and no listing kept
+        record = json.loads((made / "_job" / name).read_text())
+        record.pop("files", None)
+        record["fingerprint"] = "0" * 64
+        (made / "_job" / name).write_text(json.dumps(record))
     (made / "manifests/part-00001.parquet").unlink()  # stopped before its last shard
     (made / "_SUCCESS").unlink()
     shutil.move(made, source / "out")
@@ -120,27 +121,29 @@ def test_a_different_job_names_what_differs_with_both_values(
     out = tmp_path / "out"
     spec = write_spec(tmp_path / "job.yaml", source, out)
     assert rayaug("run", str(spec)).exit_code == 0
+    refusal = (
+        "An output can only grow (more views, new input files); use a new output URI for "
+        f"another job, or finish the recorded one with: rayaug resume {out}"
+    )
 
     reseeded = write_spec(tmp_path / "seed.yaml", source, out, seed=6)
     assert error_line(rayaug("run", str(reseeded)), 2) == (
-        f"error: {out} holds the output of a different job: seed 5 recorded, 6 now. To go on, "
-        f"use a new output URI, or finish the recorded job unchanged: rayaug resume {out}"
+        f"error: {out} holds the output of a different job: seed: 5 recorded, 6 now. {refusal}"
     )
 
-    gone = sorted(source.rglob("*.jpg"))[0]
-    moved = gone.read_bytes()
-    gone.unlink()
-    (source / "new").mkdir()
-    (source / "new" / "x.jpg").write_bytes(moved)
     (source / "README.txt").write_text("not read by the job: changes nothing")
+    result = rayaug("resume", str(out))
+    assert result.exit_code == 0 and "0 this run" in result.stdout, result.output
+    gone = sorted(source.rglob("*.jpg"))[0]
+    kept = gone.read_bytes()
+    gone.unlink()
     assert error_line(rayaug("run", str(spec)), 2) == (
-        f"error: {out} holds the output of a different job: input listing: 1 file added "
-        f"(new/x.jpg), 1 file gone ({gone.relative_to(source).as_posix()}). To go on, put the "
-        "input back as the job recorded it, or use a new output URI"
+        f"error: {out} holds the output of a different job: 1 input files are gone since the "
+        f"job ran (e.g. {gone.relative_to(source).as_posix()}): put them back to grow this "
+        f"output. {refusal}"
     )
 
-    (source / "new" / "x.jpg").rename(gone)
-    (source / "new").rmdir()
+    gone.write_bytes(kept)
     fingerprint = out / "_job/fingerprint.json"
     record = json.loads(fingerprint.read_text())
     record["versions"]["kornia"] = "0.0.1"
@@ -148,8 +151,7 @@ def test_a_different_job_names_what_differs_with_both_values(
     fingerprint.write_text(json.dumps(record))
     assert error_line(rayaug("run", str(spec)), 2) == (
         f"error: {out} holds the output of a different job: kornia 0.0.1 recorded, "
-        f"{versions()['kornia']} now. To go on, install the recorded versions, or use a new "
-        "output URI"
+        f"{versions()['kornia']} now. {refusal}"
     )
 
 

@@ -324,7 +324,7 @@ def test_output_of_another_job_and_a_concurrent_run(
         rayaug("run", str(other)),
         2,
         [
-            f"{out} holds the output of a different job: seed 1 recorded, 2 now",
+            f"{out} holds the output of a different job: seed: 1 recorded, 2 now",
             "use a new output URI",
             "rayaug resume",
         ],
