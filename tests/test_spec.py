@@ -136,7 +136,7 @@ BAD_FIELDS = [
     pytest.param(("storage", "request_timeout"), 0, "storage.request_timeout: ", id="deadline"),
     pytest.param(("storage", "connect_timeout"), -1, "storage.connect_timeout: ", id="connect"),
     pytest.param(
-        ("tranforms",), [], "tranforms: unknown field; known here: errors, execution, ", id="top-level"
+        ("tranforms",), [], "tranforms: unknown field; known here: errors, ", id="top-level"
     ),
     pytest.param(
         ("input", "format"),
