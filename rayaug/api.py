@@ -77,9 +77,11 @@ def _run_recorded(
     from rayaug.job import run_job
 
     # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
-    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
-    # The output where it is now: one moved since (out of its input, say) is finished there.
-    output = recorded.output.model_copy(update={"uri": os.fspath(uri)})
+    location = open_location(os.fspath(uri), storage or StorageSpec())
+    recorded = recorded_spec(location)
+    # The output where it is now (an absolute path, whatever the workers' working directory):
+    # one moved since (out of its input, say) is finished there.
+    output = recorded.output.model_copy(update={"uri": location.uri})
     changed = {"storage": _storage(recorded, storage), "output": output} | update
     return run_job(recorded.model_copy(update=changed), options, progress or _Silent())
 
