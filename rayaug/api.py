@@ -77,9 +77,13 @@ def _run_recorded(
     from rayaug.job import run_job
 
     # Only the recorded spec: a driver killed while planning left no plan, and run re-plans.
-    recorded = recorded_spec(open_location(os.fspath(uri), storage or StorageSpec()))
-    spec = recorded.model_copy(update={"storage": _storage(recorded, storage)} | update)
-    return run_job(spec, options, progress or _Silent())
+    location = open_location(os.fspath(uri), storage or StorageSpec())
+    recorded = recorded_spec(location)
+    # The output where it is now (an absolute path, whatever the workers' working directory):
+    # one moved since (out of its input, say) is finished there.
+    output = recorded.output.model_copy(update={"uri": location.uri})
+    changed = {"storage": _storage(recorded, storage), "output": output} | update
+    return run_job(recorded.model_copy(update=changed), options, progress or _Silent())
 
 
 def resume(
@@ -89,8 +93,9 @@ def resume(
     address: str | None = None,
     progress: Progress | None = None,
 ) -> JobSummary:
-    """Finish the job recorded in the output `uri` (`_job/spec.yaml`): only uncommitted shards
-    are processed; on a finished output nothing is redone (its `_SUCCESS` records this run).
+    """Finish the job recorded in the output `uri` (`_job/spec.yaml`), where `uri` is now: only
+    uncommitted shards are processed; on a finished output nothing is redone (its `_SUCCESS`
+    records this run).
 
     `storage`: the fields set here (an endpoint, say) replace those the job recorded.
     Files added to the input since are not processed (that is `extend`).

@@ -98,13 +98,17 @@ class _LiveProgress:
         self.start_time = time.monotonic()
 
     def committed(self, tally) -> None:
+        self.tally = tally  # a recount after the run stopped is a new tally
         rate = tally.new_samples / max(time.monotonic() - self.start_time, 1e-6)
         self.bar.update(
             self.task, completed=tally.samples + tally.quarantined, rate=f"{rate:,.1f} img/s"
         )
 
     def stop(self) -> None:
-        self.bar.stop()
+        """A bar that never started prints nothing (rich's stop would print an empty line
+        before the one-line error of a run refused before it started)."""
+        if self.task is not None:
+            self.bar.stop()
 
 
 def _run(start: Callable[[_LiveProgress], JobSummary], out_uri: str, as_json: bool) -> None:
@@ -426,9 +430,9 @@ def _print_query(result, as_json: bool) -> None:
 )
 @_endpoint_option
 def diff(out_a: str, out_b: str, as_json: bool, limit: int, endpoint: str | None) -> None:
-    """Compare two outputs: spec fields, samples only in one, parameters, bytes.
+    """Compare the samples of two outputs: spec fields, samples only in one, parameters, bytes.
 
-    Exit 0 when identical, 1 when they differ.
+    Exit 0 when they hold the same samples (whatever their shards or format), 1 when not.
     """
     from rayaug.diff import diff_outputs
 
@@ -451,6 +455,13 @@ _DIFF_LINES = {
 }
 
 
+_DIFF_KINDS = {
+    "recipe": "",
+    "layout": "   (layout: the same samples, stored otherwise)",
+    "setting": "   (run setting: does not change the output)",
+}
+
+
 def _print_diff(report: dict) -> None:
     for side in ("a", "b"):
         info = report[side]
@@ -462,7 +473,7 @@ def _print_diff(report: dict) -> None:
     out_console.print(f"spec: {len(changes) or 'no'} difference{'s' * (len(changes) != 1)}")
     for change in changes:
         a, b = (json.dumps(change[k]) if k in change else "(absent)" for k in ("a", "b"))
-        note = "" if change["affects_output"] else "   (run setting: does not change the output)"
+        note = _DIFF_KINDS[change["kind"]]
         out_console.print(f"  {change['path']}: {a} → {b}{note}", markup=False)
     out_console.print(f"samples in both: {report['in_both']}")
     for key, title in _DIFF_LINES.items():

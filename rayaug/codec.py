@@ -86,7 +86,7 @@ def open_image(data: bytes, max_pixels: int) -> Opened:
     try:  # PNG keeps EXIF after the pixels: Pillow loads them to find it
         orientation = image.getexif().get(0x0112, 1)
     except (OSError, ValueError, SyntaxError) as error:
-        raise DecodeError(f"cannot decode: {error}") from None
+        raise _cannot_decode(error) from None
     canvas = (width, height) if orientation in _TRANSPOSED else (height, width)
     return Opened(image, data, canvas, orientation)
 
@@ -111,7 +111,25 @@ def decode(opened: Opened, reduction: int = 1) -> np.ndarray:
         ImageOps.exif_transpose(image, in_place=True)  # not a copy of every upright image
         return np.array(_to_rgb(image))  # writable: torch can share it without a copy
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"cannot decode: {error}") from None
+        raise _cannot_decode(error) from None
+
+
+# Pillow's words for the failures a user meets most, and what they mean in plain words.
+_PLAIN_REASONS = (
+    (
+        "image file is truncated",
+        "the file is truncated: its image data ends early (an incomplete copy or download)",
+    ),
+    ("broken data stream", "the image data is corrupt (damaged bytes inside the file)"),
+)
+
+
+def _cannot_decode(error: BaseException) -> DecodeError:
+    """The quarantine reason of a failed decode: plain words where Pillow's are cryptic
+    ("image file is truncated (48 bytes not processed)"), else Pillow's own."""
+    text = str(error)
+    plain = next((words for marker, words in _PLAIN_REASONS if marker in text), text)
+    return DecodeError(f"cannot decode: {plain}")
 
 
 def _fresh(opened: Opened) -> Image.Image:

@@ -1,8 +1,10 @@
 """Comparing two outputs: their resolved specs and their committed samples.
 
 Engine-free: reads each output's recorded spec, committed manifests and quarantine.
-Two outputs are identical when their specs agree on every field that decides what is written
-and they hold the same samples with the same parameters and the same bytes.
+`diff` compares the samples, not how they are stored: two outputs are identical when they hold
+the same samples (ids) with the same parameters and bytes, the same quarantine, and specs that
+agree on the recipe (every field that decides a sample). Layout fields (shard size, output
+format) and run settings are listed, and count for nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from rayaug.outputs import Output, manifests, quarantine
 
 # Spec fields that never change what is written (how it ran, where it went): listed, not counted.
 SETTINGS = ("name", "execution", "storage", "errors.max_error_rate")
+# Spec fields that change how the samples are stored, never a sample: listed, not counted.
+LAYOUT = ("output.shard_size", "output.format")
 # The output's own location differs between any two outputs: not a difference at all.
 IGNORED = ("output.uri",)
 CATEGORIES = (
@@ -43,6 +47,14 @@ class SpecChange:
     def affects_output(self) -> bool:
         return not _under(self.path, SETTINGS)
 
+    @property
+    def kind(self) -> str:
+        """'setting' (how it ran), 'layout' (how the samples are stored) or 'recipe' (what the
+        samples are): only a recipe change makes two outputs' samples differ."""
+        if not self.affects_output:
+            return "setting"
+        return "layout" if _under(self.path, LAYOUT) else "recipe"
+
     def worded(self, a: str, b: str) -> str:
         """`seed: 1 recorded, 2 now` for sides named `a` and `b`."""
         shown = ["absent" if v is _ABSENT else repr(v) for v in (self.a, self.b)]
@@ -50,7 +62,12 @@ class SpecChange:
 
     def to_json(self) -> dict:
         sides = {side: v for side, v in (("a", self.a), ("b", self.b)) if v is not _ABSENT}
-        return {"path": self.path, **sides, "affects_output": self.affects_output}
+        return {
+            "path": self.path,
+            **sides,
+            "kind": self.kind,
+            "affects_output": self.affects_output,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,8 +86,8 @@ class OutputDiff:
 
     @property
     def identical(self) -> bool:
-        spec_same = not any(change.affects_output for change in self.spec)
-        return spec_same and not any(getattr(self, name) for name in CATEGORIES)
+        recipe_same = all(change.kind != "recipe" for change in self.spec)
+        return recipe_same and not any(getattr(self, name) for name in CATEGORIES)
 
     def to_json(self, limit: int) -> dict:
         return {

@@ -46,6 +46,10 @@ def plan_growth(
         )
     old_views = recorded.spec.views
     added = _added_files(recorded, listing)
+    fmt = input_format(recorded.plan.format)
+    sources_added = any(fmt.claims(path) for path, _ in added)
+    if not (sources_added or spec.views > old_views):
+        return []  # files the job does not read (a README) change nothing
     if not grow:
         raise UsageError(
             f"{out}: the input gained {len(added)} files since the job was recorded; resume "
@@ -60,8 +64,7 @@ def plan_growth(
         )
     units = [replace(u, views=(old_views, spec.views)) for u in recorded.plan.source_units]
     units = units if spec.views > old_views else []
-    fmt = input_format(recorded.plan.format)
-    if any(fmt.claims(path) for path, _ in added):
+    if sources_added:
         new = fmt.plan_added(source, spec.input, recorded.files, added, spec.output.shard_size)
         units += [replace(unit, views=(0, spec.views)) for unit in new]
     return [replace(unit, shard=shard_name(i)) for i, unit in enumerate(units)]

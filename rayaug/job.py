@@ -31,7 +31,7 @@ from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
 from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
-from rayaug.sources import SourceIndex, WorkUnit, read_unit
+from rayaug.sources import SourceIndex, WorkUnit, check_apart, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
 
@@ -133,6 +133,7 @@ def run_job(spec: JobSpec, options: RunOptions, progress: Progress) -> JobSummar
     out = open_location(spec.output.uri, spec.storage)
     check_reachable(source, must_exist=True)
     check_reachable(out, must_exist=False)
+    check_apart(source, out)
     lease = commit.Lease(out)
     lease.acquire()
     # An embedded Ray starts in the background (stopped on every exit), as early as nothing
@@ -186,6 +187,10 @@ def _count_committed(plan: JobPlan, out: Location, committed: set[str]) -> Tally
     return tally
 
 
+class _OverBudget(Exception):
+    """The error budget is spent: the run stops its writers, then counts what they committed."""
+
+
 @dataclass
 class _Run:
     """One driver's run of a job: what it executes and what it has counted."""
@@ -209,6 +214,7 @@ class _Run:
 
         owns_ray = local_ray.wait() if local_ray is not None else _connect(options)
         dataset = None
+        over_budget = False
         try:
             dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
             startup = time.monotonic() - started
@@ -219,7 +225,8 @@ class _Run:
                     self.tally.add(pickle.loads(row["commit"]), new=True)
                     self.progress.committed(self.tally)
                     self._check_still_going()
-            return startup
+        except _OverBudget:
+            over_budget = True
         except Exception as error:
             # Ray re-raises a stage's error as a subclass of both RayTaskError and the error
             # (which it keeps in `.cause`): only the driver's own RayaugErrors pass as they are.
@@ -235,6 +242,21 @@ class _Run:
                 local_ray.stop()
             elif owns_ray:
                 ray.shutdown()
+        if over_budget:
+            self._recount()
+            raise JobFailed(self.budget_message())
+        return startup
+
+    def _recount(self) -> None:
+        """Count the committed shards again once the writers have stopped: the shards committed
+        after the last row the driver read count too, so that the progress and the message
+        agree with `rayaug status`."""
+        before = self.tally.samples + self.tally.quarantined
+        committed = commit.committed_shards(self.out)
+        tally = _count_committed(self.plan, self.out, committed)
+        tally.new_samples = self.tally.new_samples + tally.samples + tally.quarantined - before
+        self.tally = tally
+        self.progress.committed(tally)
 
     def _check_still_going(self) -> None:
         holder = self.lease.lost_to
@@ -244,7 +266,7 @@ class _Run:
                 "output's lease; this run stops"
             )
         if self.tally.over_budget(self.spec.errors.max_error_rate, final=False):
-            raise JobFailed(self.budget_message())
+            raise _OverBudget
 
     def budget_message(self) -> str:
         tally = self.tally
@@ -554,7 +576,10 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
         # rayaug reports a failed stage in one line; Ray Data would print its traceback first.
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     shape = pool_shape(spec.execution, resources.get("CPU", 1.0), resources.get("GPU", 0.0))
-    calls = calls_per_actor(len(pending), shape.size)
+    # No more actors than units (a small job, the rest of a resume): an actor without a unit
+    # would start for nothing, and Ray Data warns of a pool larger than its inputs.
+    actors = min(shape.size, len(pending))
+    calls = calls_per_actor(len(pending), actors)
     # Few units: start dispatching once every actor is up, so that each takes its own (the
     # least busy actor gets the next unit) rather than the first one up taking them one after
     # another. Bounded: a pool that cannot be placed fails the run in one line. The context is
@@ -579,7 +604,7 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
             batch_size=1,
             batch_format="numpy",
             compute=ActorPoolStrategy(
-                size=shape.size,
+                size=actors,
                 max_concurrent_calls_per_actor=calls,
             ),
             num_cpus=shape.cpus_per_actor,

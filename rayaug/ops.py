@@ -30,9 +30,11 @@ Region = tuple[float, float, float, float]  # (x0, y0, x1, y1) of the canvas, pi
 
 def _as_range(value: object, around: float = 0.0) -> object:
     """A scalar x means the symmetric range [around - x, around + x]."""
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return (around - value, around + value)
-    return value
+    if isinstance(value, list | tuple):
+        return value
+    raise ValueError(f"must be a number or [min, max], not {value!r}")
 
 
 def _ordered(value: tuple[float, float]) -> tuple[float, float]:
@@ -42,7 +44,11 @@ def _ordered(value: tuple[float, float]) -> tuple[float, float]:
 
 
 def _size_pair(value: object) -> object:
-    return (value, value) if isinstance(value, int) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, list | tuple):
+        return value
+    raise ValueError(f"must be a number or [height, width], not {value!r}")
 
 
 def _non_neg(value: object) -> object:

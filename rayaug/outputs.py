@@ -104,8 +104,22 @@ def find_row(out: Location, sample: str) -> dict:
     table = manifests(out)
     matches = table.filter(pc.equal(table.column("sample_id"), sample))
     if matches.num_rows == 0:
-        raise UsageError(f"no committed sample {sample!r} in {out.uri}")
+        raise UsageError(_not_committed(out, sample))
     return matches.to_pylist()[0]
+
+
+def _not_committed(out: Location, sample: str) -> str:
+    """Why a sample has no manifest row: quarantined (where and why), or unknown."""
+    errors = quarantine(out)
+    found = errors.filter(pc.equal(errors.column("sample_id"), sample)).to_pylist()
+    if not found:
+        return f"no committed sample {sample!r} in {out.uri}"
+    row = found[0]
+    return (
+        f"sample {sample!r} was quarantined at the {row['stage']} stage ({row['error_class']}: "
+        f"{row['message']}), so it has no output to replay; `rayaug inspect {out.uri}` lists "
+        "the quarantine"
+    )
 
 
 # ---------------------------------------------------------------- status

@@ -15,7 +15,7 @@ from rayaug import commit, growth
 from rayaug.errors import UsageError
 from rayaug.formats import mix_refusal, output_format
 from rayaug.records import Listing, WorkUnit
-from rayaug.sources import list_input
+from rayaug.sources import list_input, without_outputs
 from rayaug.spec import JobSpec, dump_spec, fingerprint, parse_spec
 from rayaug.storage import Location
 
@@ -138,8 +138,32 @@ def prepare(spec: JobSpec, source: Location, out: Location, grow: bool = True) -
         commit.write_json(out, commit.FINGERPRINT, record)
         return plan
     if recorded.plan.fingerprint == plan.fingerprint:
+        _record_run_settings(out, recorded, spec)
         return recorded.plan
+    if _same_unsized(recorded, spec, plan):  # its record upgraded: it can grow from now on
+        commit.write_json(out, commit.PLAN, plan.to_json())
+        record = {"fingerprint": plan.fingerprint, "versions": versions(), "files": listing.files}
+        commit.write_json(out, commit.FINGERPRINT, record)
+        _record_run_settings(out, recorded, spec)
+        return plan
+    return _grown(recorded, spec, plan, listing, source, out, grow)
+
+
+def _grown(
+    recorded: RecordedJob,
+    spec: JobSpec,
+    plan: JobPlan,
+    listing: Listing,
+    source: Location,
+    out: Location,
+    grow: bool,
+) -> JobPlan:
+    """The recorded job's plan with the units of its growth (new views, new sources) added and
+    recorded as a generation; refused where `spec` is another job (see rayaug.growth)."""
     added = growth.plan_growth(recorded, spec, listing, source, versions(), grow)
+    if not added:  # nothing to grow (the input gained a README, say): the same job
+        _record_run_settings(out, recorded, spec)
+        return recorded.plan
     # Not finished any more: gone before the growth is recorded, so no reader sees both.
     if out.exists(commit.SUCCESS):
         out.delete(commit.SUCCESS)
@@ -156,6 +180,34 @@ def prepare(spec: JobSpec, source: Location, out: Location, grow: bool = True) -
     return replace(recorded.plan, units=recorded.plan.units + units, fingerprint=plan.fingerprint)
 
 
+def _same_unsized(recorded: RecordedJob, spec: JobSpec, plan: JobPlan) -> bool:
+    """Whether a job recorded by rayaug < 0.5 (no listing kept, its digest over every file
+    listed, rayaug's own among them when the output was inside its input) is this job: the
+    same spec, versions and work units. Sizes were not recorded: a file of the same name
+    whose size changed is not seen."""
+    return (
+        recorded.files is None
+        and len(recorded.plans) == 1
+        and recorded.spec.output_defining() == spec.output_defining()
+        and recorded.versions == versions()
+        and recorded.plan.units == plan.units
+    )
+
+
+def _record_run_settings(out: Location, recorded: RecordedJob, spec: JobSpec) -> None:
+    """A rerun of the same job with other run settings (`errors.max_error_rate` raised, say)
+    records them where its latest spec is: what resume runs and diff reads."""
+    text = dump_spec(spec)
+    if dump_spec(recorded.spec) == text:
+        return
+    growths = list(_growths(out))
+    if not growths:
+        out.write_bytes(commit.SPEC, text.encode())
+        return
+    record = growths[-1][1] | {"spec": text}
+    commit.write_json(out, commit.generation_path(len(growths)), record)
+
+
 def recorded_job(out: Location) -> RecordedJob | None:
     """The job recorded in `out`, every generation; None on a fresh output."""
     first = commit.read_json(out, commit.FINGERPRINT)
@@ -168,7 +220,9 @@ def recorded_job(out: Location) -> RecordedJob | None:
         specs.append(_parse_recorded(record["spec"], where))
         plans.append(JobPlan.from_json(record["plan"], specs[-1].views))
         files = record["files"]
-    listed = None if files is None else [(path, size) for path, size in files]
+    # Never rayaug's own objects: an older rayaug listed the lease of an output made inside
+    # its input (which is refused now) among the input's files.
+    listed = None if files is None else without_outputs([(path, size) for path, size in files])
     return RecordedJob(specs, plans, listed, first["versions"])
 
 

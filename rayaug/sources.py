@@ -12,6 +12,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 
+from rayaug import commit
 from rayaug.errors import UsageError
 from rayaug.formats import detect, input_format, mix_refusal
 from rayaug.records import Listing, SourceSample, WorkUnit
@@ -24,8 +25,61 @@ def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
     files = location.list(recursive=True)
     if not files:
         raise UsageError(f"input {location.uri} holds no files")
+    files = _listed_sources(location, files)
     name = detect(spec.format, location.uri, [path for path, _ in files])
     return input_format(name).plan(location, spec, files, shard_size)
+
+
+# The records every rayaug output holds under `_job/` (one is enough to know one).
+_JOB_RECORDS = (commit.SPEC, commit.LOCK, commit.FINGERPRINT, commit.PLAN)
+
+
+def _outputs_in(files: list[tuple[str, int]]) -> set[str]:
+    """The prefixes ("" for the listed root itself, else "folder/") of every rayaug output in
+    a listing (this job's or another's): a folder holding a `_job/` record is one."""
+    return {
+        path.removesuffix(record)
+        for path, _ in files
+        for record in _JOB_RECORDS
+        if path == record or path.endswith(f"/{record}")
+    }
+
+
+def without_outputs(files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A listing less every rayaug output in it (data, manifests, records): never a source."""
+    outputs = tuple(_outputs_in(files))
+    return [(path, size) for path, size in files if not path.startswith(outputs)]
+
+
+def _listed_sources(location: Location, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    if "" in _outputs_in(files):
+        raise UsageError(
+            f"input {location.uri} is a rayaug output: to augment its samples, set input.uri "
+            f"to its data folder ({location.uri_of('data')})"
+        )
+    return without_outputs(files)
+
+
+def check_apart(source: Location, out: Location) -> None:
+    """Refuse an output inside its input or an input inside its output, before anything is
+    written: the job would list its own files as sources, or write among them."""
+    if source.holds(out):
+        where = "the same folder as" if out.root == source.root else "inside"
+        held = ""
+        if out.exists(commit.SPEC):  # made before rayaug refused this: how to finish it
+            held = (
+                "; it already holds a job: move it (every file under it) out of the input, "
+                "then finish it with `rayaug resume NEW_URI`"
+            )
+        raise UsageError(
+            f"output {out.uri} is {where} its input {source.uri}: the job would read its own "
+            f"files as sources. Set output.uri to a folder outside the input{held}"
+        )
+    if out.holds(source):
+        raise UsageError(
+            f"input {source.uri} is inside the output {out.uri}: the job would write among its "
+            "own sources. Set output.uri to a folder outside the input"
+        )
 
 
 def read_unit(location: Location, spec: InputSpec, fmt: str, unit: WorkUnit) -> list[SourceSample]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -190,10 +192,95 @@ def _path_of(loc: tuple[str | int, ...]) -> str:
 
 
 def _messages(error: ValidationError) -> list[str]:
+    errors = error.errors()
+    # A misspelt field is also a missing one ("sise" unknown, "size" required): the suggestion
+    # says both, so the "Field required" of the suggested field is left out.
+    suggested = {
+        (e["loc"][:-1], _closest(str(e["loc"][-1]), _fields_at(e["loc"][:-1])))
+        for e in errors
+        if e["type"] == "extra_forbidden"
+    }
     return [
-        f"{_path_of(e['loc']) or '<root>'}: {e['msg'].removeprefix('Value error, ')}"
-        for e in error.errors()
+        f"{_path_of(e['loc']) or '<root>'}: {_message(e)}"
+        for e in errors
+        if not (e["type"] == "missing" and (e["loc"][:-1], e["loc"][-1]) in suggested)
     ]
+
+
+def _message(error: Any) -> str:
+    """Pydantic's message, or a shorter one that says what to write instead."""
+    kind, loc = error["type"], error["loc"]
+    if kind == "union_tag_invalid":  # an op name nobody knows
+        return _unknown_op(
+            error["ctx"]["tag"], re.findall(r"'([^']*)'", error["ctx"]["expected_tags"])
+        )
+    if kind == "union_tag_not_found":
+        return "an op needs a name, e.g. {name: horizontal_flip}"
+    if kind == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        best = _closest(str(loc[-1]), known)
+        if best is not None:
+            return f"unknown field; did you mean {best!r}?"
+        return f"unknown field; known here: {', '.join(known)}"
+    return error["msg"].removeprefix("Value error, ")
+
+
+def _unknown_op(name: str, expected: list[str]) -> str:
+    if name in _op_classes():  # a mix op inside a composite: known, not allowed there
+        return f"{name!r} cannot be drawn by a composite op; list it among the top-level ops"
+    best = _closest(name, expected)
+    hint = f"did you mean {best!r}?" if best else "the README's op catalogue lists every op"
+    return f"unknown op {name!r}; {hint}"
+
+
+def _closest(word: str, candidates: list[str]) -> str | None:
+    """The candidate nearest `word` in spelling, whole or by one of its parts ('blurr' is
+    nearest 'gaussian_blur' by its 'blur')."""
+    found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    if found:
+        return found[0]
+    parts = {part: name for name in candidates for part in name.split("_") if len(part) > 2}
+    found = difflib.get_close_matches(word, list(parts), n=1, cutoff=0.75)
+    return parts[found[0]] if found else None
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    """The models a field holds, through list[...], X | None, unions and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _op_classes() -> dict[str, type[BaseModel]]:
+    """Every op's model by its name (the tag of the ops list)."""
+    return {
+        m.model_fields["name"].default: m
+        for m in _models_in(JobSpec.model_fields["ops"].annotation)
+    }
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the model at a pydantic error location (an op's by its tag)."""
+    models: list[type[BaseModel]] = [JobSpec]
+    for part in loc:
+        if isinstance(part, int):  # an item of a list: the models stay those of the list
+            continue
+        tagged = [m for m in models if _op_tag(m) == part]
+        if tagged:
+            models = tagged
+            continue
+        models = [
+            inner
+            for m in models
+            if part in m.model_fields
+            for inner in _models_in(m.model_fields[part].annotation)
+        ]
+    return sorted({name for m in models for name in m.model_fields})
+
+
+def _op_tag(model: type[BaseModel]) -> object:
+    field = model.model_fields.get("name")
+    return None if model is JobSpec or field is None else field.default
 
 
 def parse_spec(data: object, source: str = "<spec>") -> JobSpec:

@@ -91,6 +91,12 @@ class Location:
     def uri_of(self, relative: str) -> str:
         return f"{self.uri.rstrip('/')}/{relative}"
 
+    def holds(self, other: Location) -> bool:
+        """Whether `other` is this location or lies under it (on the same kind of store)."""
+        if type(self.fs) is not type(other.fs):
+            return False
+        return other.root == self.root or other.root.startswith(f"{self.root.rstrip('/')}/")
+
     def read_bytes(self, relative: str) -> bytes:
         def read() -> bytes:
             with self.fs.open_input_stream(self.path(relative)) as stream:

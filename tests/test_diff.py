@@ -54,6 +54,7 @@ def test_a_rerun_elsewhere_with_other_run_settings_is_identical(outputs: dict[st
         "path": "execution.batch_size",
         "a": 16,
         "b": 3,
+        "kind": "setting",
         "affects_output": False,
     }
     assert "output.uri" not in paths
@@ -62,7 +63,9 @@ def test_a_rerun_elsewhere_with_other_run_settings_is_identical(outputs: dict[st
 def test_another_seed_differs_in_spec_parameters_and_bytes(outputs: dict[str, Path]) -> None:
     code, report = diff_json(outputs["a"], outputs["seed6"], "--limit", "2")
     assert code == 1 and not report["identical"]
-    assert report["spec"] == [{"path": "seed", "a": 5, "b": 6, "affects_output": True}]
+    assert report["spec"] == [
+        {"path": "seed", "a": 5, "b": 6, "kind": "recipe", "affects_output": True}
+    ]
     assert report["only_in_a"]["count"] == report["only_in_b"]["count"] == 0
     assert report["params_differ"]["count"] == 20  # random_resized_crop redraws every box
     assert 0 < report["bytes_differ"]["count"] <= 20

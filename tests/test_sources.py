@@ -159,6 +159,30 @@ def test_folder_key_is_the_relative_path_and_label_the_top_folder(
     ]
 
 
+def test_a_listing_never_sees_a_rayaug_output_inside_the_input(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    """Another job's output (or one made inside its input before rayaug refused that) is
+    neither read nor counted as ignored: its data, manifests and records are not sources."""
+    root = tmp_path / "input"
+    sampledata.write_folder(photos[:3], root)
+    for record in ("_job/spec.yaml", "_job/lock", "data/part-00000.parquet",
+                   "manifests/part-00000.parquet", "_SUCCESS"):
+        (root / "old-out" / record).parent.mkdir(parents=True, exist_ok=True)
+        (root / "old-out" / record).write_bytes(b"x")
+    (root / "old-out" / "data" / "stray.jpg").write_bytes(photos[3].jpeg)
+    location = open_location(str(root), StorageSpec(retries=0))
+    listing = list_input(location, InputSpec(uri=str(root)), shard_size=10)
+    assert listing.format == "folder" and listing.ignored == 0
+    assert [path for path, _ in listing.files] == sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*.jpg") if "old-out" not in p.parts
+    )
+    out = open_location(str(root / "old-out"), StorageSpec(retries=0))
+    with pytest.raises(UsageError, match=r"is a rayaug output: .* set input.uri to its data "
+                                         r"folder \(.*/old-out/data\)"):
+        list_input(out, InputSpec(uri=out.uri), shard_size=10)
+
+
 def test_empty_input_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     location = open_location(str(tmp_path / "empty"), StorageSpec(retries=0))

@@ -156,7 +156,7 @@ def image_corpus() -> dict[str, tuple[bytes, Expect]]:
         "zero.jpg": (b"", Expect(stage="decode", words=("empty input (0 bytes)",))),
         "truncated.jpg": (
             truncated_jpeg(),
-            Expect(stage="decode", words=("cannot decode: image file is truncated",)),
+            Expect(stage="decode", words=("cannot decode: the file is truncated",)),
         ),
         "text.jpg": (
             b"this is not a picture, only text pretending to be one\n" * 4,
