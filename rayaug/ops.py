@@ -859,16 +859,34 @@ def _box_sampled(matrix: np.ndarray, drawn: Canvas, canvas: Canvas) -> Region | 
     if drawn == canvas and np.array_equal(matrix, np.eye(3)):
         return None
     height, width = drawn
-    centres = np.array([[0, width - 1, 0, width - 1], [0, 0, height - 1, height - 1], [1] * 4])
-    source = np.linalg.inv(matrix) @ centres
-    if (source[2] <= 0).any():
+    inverse = _inverse(matrix.tolist())
+    corners = [(0, 0), (width - 1, 0), (0, height - 1), (width - 1, height - 1)]
+    points = [[r[0] * x + r[1] * y + r[2] for r in inverse] for x, y in corners]
+    if any(w <= 0 for _, _, w in points):
         return None
-    xs, ys = source[:2] / source[2]
-    return (float(xs.min()), float(ys.min()), float(xs.max()), float(ys.max()))
+    xs, ys = [x / w for x, _, w in points], [y / w for _, y, w in points]
+    return (min(xs), min(ys), max(xs), max(ys))
+
+
+def _inverse(m: list[list[float]]) -> list[list[float]]:
+    """A 3×3 matrix's inverse by its adjugate, in Python floats: a decode request is asked
+    for every view, where numpy's call costs more than the arithmetic."""
+    (a, b, c), (d, e, f), (g, h, i) = m
+    cofactors = [
+        [e * i - f * h, c * h - b * i, b * f - c * e],
+        [f * g - d * i, a * i - c * g, c * d - a * f],
+        [d * h - e * g, b * g - a * h, a * e - b * d],
+    ]
+    det = a * cofactors[0][0] + b * cofactors[1][0] + c * cofactors[2][0]
+    return [[v / det for v in row] for row in cofactors]
 
 
 def reduction_for(matrix: np.ndarray) -> int:
     """Source pixels per output pixel of a homography's linear part, rounded down."""
     # The least-shrunk direction decides: a mean (sqrt of det) over-shrinks a squashed axis.
-    stretch = float(np.linalg.svd(matrix[:2, :2], compute_uv=False)[0])
+    # Its stretch is the largest singular value of the 2×2 part, in closed form (see _inverse)
+    # from its rotation and reflection parts: exact to an ulp where a scaled rotation would
+    # lose half its digits to cancellation in the eigenvalue form.
+    (a, b), (c, d) = matrix[:2, :2].tolist()
+    stretch = (math.hypot(a + d, c - b) + math.hypot(a - d, c + b)) / 2
     return max(1, int(1 / stretch + 1e-9)) if stretch > 0 else 1  # k - 1e-15 is still k
