@@ -685,7 +685,7 @@ class _ShardStage:
         self.fmt = fmt
         self.source = open_location(spec.input.uri, spec.storage)
         self.out = open_location(spec.output.uri, spec.storage)
-        self.context = WriteContext(spec.output, versions())
+        self.context = WriteContext(spec.output, versions(), spec.seed, spec.layout)
         partners = None
         if spec.mixes:  # mix ops read their partners from the input themselves
             partners = Partners(_source_index(self.source, spec, self.out))

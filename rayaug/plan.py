@@ -113,7 +113,7 @@ class RecordedJob:
 
 def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, Listing]:
     output_format(spec.output.format)  # usable here (its package installed) before anything
-    listing: Listing = list_input(source, spec.input, spec.output.shard_size)
+    listing: Listing = list_input(source, spec.input, spec.output.shard_size, spec.seed)
     refusal = mix_refusal(listing.format) if spec.mixes else None
     if refusal is not None:
         raise UsageError(f"input {source.uri}: {refusal}")

@@ -16,12 +16,20 @@ def sample_id(source_key: str, view: int) -> str:
 
 # The seed of what all views of a source share (ops with `same_on_views`).
 SHARED_VIEW = -1
+# The seed that places a source: its unit (folder inputs) and its position in its shard.
+PLACEMENT = -2
 
 
 def sample_seed(job_seed: int, source_key: str, view: int) -> int:
     """The seed of one output sample: depends on nothing but the job seed, key and view."""
     digest = hashlib.blake2b(f"{job_seed}\0{source_key}\0{view}".encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big") >> 1  # 63 bits: fits Arrow int64
+
+
+def placement(job_seed: int, source_key: str) -> int:
+    """Where a source goes among others: sorting by it is a permutation drawn from the job
+    seed that stays put for every other source when one is added or removed."""
+    return sample_seed(job_seed, source_key, PLACEMENT)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
 """The write stage: a shard's data (through its output format), quarantine file and manifest.
 
 Order is the commit protocol: data, then errors, then the manifest, whose existence commits
-the shard; the manifest's file metadata keeps what the format recorded of the data (Lance: its
-fragments). Parquet and WebDataset data are deterministic in content, so a retried shard
-overwrites the same names with the same bytes.
+the shard; the manifest's file metadata keeps the layout and what the format recorded of the
+data (its objects; Lance: its fragments). Parquet and WebDataset data are deterministic in
+content, so a retried shard overwrites the same names with the same bytes.
+
+A shard's samples are written in an order drawn from the job's seed (a source's place:
+`records.placement`), never in the input's order: a shard cut from one Parquet file or tar
+would otherwise hold that file's order, often one class after another. by_view writes each
+view's samples as one object (view-major); by_source keeps a source's views back to back.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import pyarrow as pa
 
 from rayaug import commit
 from rayaug.formats import output_format
-from rayaug.formats.base import SOFT_LABEL, parquet_bytes
-from rayaug.records import AugmentedSample, Quarantined, ShardOutput
+from rayaug.formats.base import BY_VIEW, LAYOUT_KEY, SOFT_LABEL, parquet_bytes
+from rayaug.records import AugmentedSample, Quarantined, ShardOutput, placement
 from rayaug.spec import OutputSpec
 from rayaug.storage import Location
 
@@ -67,6 +72,8 @@ class WriteContext:
 
     output: OutputSpec
     versions: dict[str, str]
+    seed: int  # the job's: it draws the order of a shard's samples
+    layout: str  # by_view | by_source (JobSpec.layout)
 
 
 @dataclass(frozen=True)
@@ -91,19 +98,47 @@ def write_shard(
     out: Location, shard: str, result: ShardOutput, context: WriteContext
 ) -> ShardCommit:
     """Write one shard's objects in commit order; returns once the shard is committed."""
-    record = output_format(context.output.format).write(out, shard, result.samples, context.output)
+    by_view = context.layout == BY_VIEW
+    samples = _in_shard_order(result.samples, context.seed, by_view)
+    record = output_format(context.output.format).write(
+        out, shard, samples, context.output, by_view
+    )
     if result.quarantined:
         errors = _table([_error_row(q, shard) for q in result.quarantined], ERRORS_SCHEMA)
         out.write_bytes(commit.errors_path(shard), parquet_bytes(errors))
     rows = [
-        _manifest_row(s, shard, i, result.device, context) for i, s in enumerate(result.samples)
+        _manifest_row(s, shard, i, result.device, context)
+        for s, i in zip(samples, _object_indices(samples, by_view), strict=True)
     ]
+    metadata = {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(len(result.views))}
     manifest = _table(rows, MANIFEST_SCHEMA).replace_schema_metadata(
-        {SOURCES_KEY: str(result.sources), VIEWS_KEY: str(len(result.views))} | record
+        metadata | {LAYOUT_KEY: context.layout} | record
     )
     commit.commit_shard(out, shard, parquet_bytes(manifest))
     reasons = Counter(f"{q.stage}: {q.error_class}" for q in result.quarantined)
     return ShardCommit(shard, len(result.samples), len(result.quarantined), dict(reasons))
+
+
+def _in_shard_order(
+    samples: list[AugmentedSample], seed: int, by_view: bool
+) -> list[AugmentedSample]:
+    """The order a shard's samples are written in: sources placed by the seed; by_view,
+    view by view (each view's object in that order), by_source, a source's views together."""
+    if by_view:
+        return sorted(samples, key=lambda s: (s.view, placement(seed, s.source_key)))
+    return sorted(samples, key=lambda s: (placement(seed, s.source_key), s.view))
+
+
+def _object_indices(samples: list[AugmentedSample], by_view: bool) -> list[int]:
+    """Each sample's position in its data object (the manifest's `index`)."""
+    if not by_view:
+        return list(range(len(samples)))
+    seen: Counter = Counter()
+    indices = []
+    for sample in samples:
+        indices.append(seen[sample.view])
+        seen[sample.view] += 1
+    return indices
 
 
 def finish_output(out: Location, output: OutputSpec, shards: set[str]) -> None:

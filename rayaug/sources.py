@@ -20,14 +20,15 @@ from rayaug.spec import InputSpec
 from rayaug.storage import Location
 
 
-def list_input(location: Location, spec: InputSpec, shard_size: int) -> Listing:
-    """Plan the input into work units of at most `shard_size` source images (a tar: one unit)."""
+def list_input(location: Location, spec: InputSpec, shard_size: int, seed: int = 0) -> Listing:
+    """Plan the input into work units of at most `shard_size` source images (a tar: one unit);
+    where the format decides which sources share a unit (a folder), the job's `seed` draws it."""
     files = location.list(recursive=True)
     if not files:
         raise UsageError(f"input {location.uri} holds no files")
     files = _listed_sources(location, files)
     name = detect(spec.format, location.uri, [path for path, _ in files])
-    return input_format(name).plan(location, spec, files, shard_size)
+    return input_format(name).plan(location, spec, files, shard_size, seed)
 
 
 # The records every rayaug output holds under `_job/` (one is enough to know one).

@@ -55,6 +55,10 @@ class OutputSpec(Model):
         None, description="final [height, width]; appends a resize"
     )
     shard_size: int = Field(256, ge=1, le=100_000, description="source images per output shard")
+    # by_view: one data object per view per shard (an epoch reads one view's objects only);
+    # by_source: one object per shard, a source's views back to back. Unset: by_view when the
+    # job has several views (JobSpec.layout).
+    layout: Literal["by_view", "by_source"] | None = None
 
     @property
     def extension(self) -> str:
@@ -145,6 +149,13 @@ class JobSpec(Model):
                     "use cutmix or mosaic"
                 )
         return self
+
+    @property
+    def layout(self) -> str:
+        """The output layout this job writes: output.layout, or by_view with several views."""
+        if self.output.layout is not None:
+            return self.output.layout
+        return "by_view" if self.views > 1 else "by_source"
 
     @property
     def mixes(self) -> bool:

@@ -50,13 +50,18 @@ def _manifest_rows(out: Location) -> list[tuple[str, str]]:
     return list(zip(manifest["sample_id"].to_pylist(), manifest["sha256"].to_pylist(), strict=True))
 
 
+@pytest.mark.parametrize("layout", ["by_source", "by_view"])
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_the_dataset_version_holds_exactly_the_committed_shards(
-    where: str, request: pytest.FixtureRequest, tmp_path: Path, photos: list[SamplePhoto]
+    where: str,
+    layout: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    photos: list[SamplePhoto],
 ) -> None:
     out = output_at(where, request, tmp_path)
     output = OutputSpec(uri=out.uri, format="lance")
-    context = WriteContext(output, VERSIONS)
+    context = WriteContext(output, VERSIONS, 7, layout)
     results = [_result(photos[3 * i : 3 * i + 3]) for i in range(len(SHARDS))]
     for shard, result in zip(SHARDS, results, strict=True):
         write_shard(out, shard, result, context)
@@ -65,7 +70,9 @@ def test_the_dataset_version_holds_exactly_the_committed_shards(
     lance_output = output_format("lance")
     first_try = lance_output.data_objects(out, SHARDS[1])
     write_shard(out, SHARDS[1], results[1], context)  # a retry writes new fragment files
-    lance_output.write(out, "part-00009", _augmented(photos[:1]), output)  # never committed
+    never = lance_output.write(  # never committed
+        out, "part-00009", _augmented(photos[:1]), output, layout == "by_view"
+    )
     committed = commit.committed_shards(out)
     assert committed == set(SHARDS)
     # A running job's committed shard reads back before any dataset version exists.
@@ -77,10 +84,14 @@ def test_the_dataset_version_holds_exactly_the_committed_shards(
     dataset = lance.dataset(uri, storage_options=out.storage_options)
     assert dataset.count_rows() == 3 * 6
     assert _rows(dataset) == _manifest_rows(out)  # shard order, each sample once
+    if layout == "by_view":  # fragments of one view each, in the manifest's (view-major) order
+        views = dataset.to_table(columns=["view"]).column("view").to_pylist()
+        assert views == [0, 0, 0, 1, 1, 1] * 3
     assert lance_output.breaches(out, committed) == []
     # Orphans: the retried shard's first fragment and the uncommitted shard's.
     lost = orphans(out, output, committed)
-    assert len(lost) == 2 and set(first_try) < set(lost)
+    unvouched = output_format("lance").objects("part-00009", never)
+    assert set(lost) == set(first_try) | {o.path for o in unvouched}
     # Finishing again (a resume of a finished job) commits no new version.
     finish_output(out, output, committed)
     assert lance.dataset(uri, storage_options=out.storage_options).version == dataset.version

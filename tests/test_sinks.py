@@ -23,7 +23,7 @@ from PIL import Image
 
 from rayaug import commit
 from rayaug.formats import output_format
-from rayaug.records import AugmentedSample, Quarantined, ShardOutput, sample_seed
+from rayaug.records import AugmentedSample, Quarantined, ShardOutput, placement, sample_seed
 from rayaug.sampledata import SamplePhoto
 from rayaug.sinks import WriteContext, write_shard
 from rayaug.spec import OutputSpec, StorageSpec
@@ -74,6 +74,16 @@ def _augmented(photos: list[SamplePhoto], views: int = 2) -> list[AugmentedSampl
                 )
             )
     return samples
+
+
+def _context(output: OutputSpec, layout: str = "by_source") -> WriteContext:
+    return WriteContext(output, VERSIONS, 7, layout)
+
+
+def _written(samples: list[AugmentedSample]) -> list[AugmentedSample]:
+    """The order by_source writes a shard in: sources placed by the job's seed (7), each
+    source's views together."""
+    return sorted(samples, key=lambda s: (placement(7, s.source_key), s.view))
 
 
 def _result(photos: list[SamplePhoto]) -> ShardOutput:
@@ -128,7 +138,8 @@ def _check_manifest(out: Location, result: ShardOutput, images: list[bytes], fmt
     assert set(DESIGN_COLUMNS) <= set(manifest.column_names)
     rows = manifest.to_pylist()
     assert len(rows) == len(result.samples) == len(images)
-    for index, (row, sample, image) in enumerate(zip(rows, result.samples, images, strict=True)):
+    written = _written(result.samples)
+    for index, (row, sample, image) in enumerate(zip(rows, written, images, strict=True)):
         assert row["sample_id"] == f"{sample.source_key}#{sample.view}"
         assert row["source_uri"] == sample.source_uri
         assert row["source_key"] == sample.source_key
@@ -163,7 +174,7 @@ def _check_errors(out: Location, result: ShardOutput) -> None:
 def test_parquet_shard(out: RecordingLocation, photos: list[SamplePhoto]) -> None:
     output = OutputSpec(uri=out.uri, format="parquet")
     result = _result(photos[:5])
-    committed = write_shard(out, SHARD, result, WriteContext(output, VERSIONS))
+    committed = write_shard(out, SHARD, result, _context(output))
 
     assert out.writes == [
         f"data/{SHARD}.parquet",
@@ -177,9 +188,10 @@ def test_parquet_shard(out: RecordingLocation, photos: list[SamplePhoto]) -> Non
     data = _read_table(out, output_format(output.format).data_path(SHARD))
     assert {"sample_id", "image", "label"} <= set(data.column_names)
     rows = data.to_pylist()
-    assert [r["sample_id"] for r in rows] == [s.sample_id for s in result.samples]
-    assert [r["image"] for r in rows] == [s.image for s in result.samples]
-    assert [r["label"] for r in rows] == [s.label for s in result.samples]
+    written = _written(result.samples)
+    assert [r["sample_id"] for r in rows] == [s.sample_id for s in written]
+    assert [r["image"] for r in rows] == [s.image for s in written]
+    assert [r["label"] for r in rows] == [s.label for s in written]
     for row in rows:
         assert Image.open(io.BytesIO(row["image"])).size == (row["width"], row["height"])
     _check_manifest(out, result, [r["image"] for r in rows], "jpeg")
@@ -191,7 +203,7 @@ def test_webdataset_shard(
 ) -> None:
     output = OutputSpec(uri=out.uri, format="webdataset", image_format="jpeg")
     result = _result(photos[:5])
-    write_shard(out, SHARD, result, WriteContext(output, VERSIONS))
+    write_shard(out, SHARD, result, _context(output))
     assert out.writes == [
         f"data/{SHARD}.tar",
         f"errors/{SHARD}.parquet",
@@ -204,7 +216,8 @@ def test_webdataset_shard(
     raw = list(wds.WebDataset(str(local_copy), shardshuffle=False))
     decoded = list(wds.WebDataset(str(local_copy), shardshuffle=False).decode("pil"))
     assert len(decoded) == len(result.samples)
-    for index, (sample, item, plain) in enumerate(zip(result.samples, decoded, raw, strict=True)):
+    written = _written(result.samples)
+    for index, (sample, item, plain) in enumerate(zip(written, decoded, raw, strict=True)):
         assert item["__key__"] == f"{SHARD}-{index:06d}"
         assert plain["jpg"] == sample.image
         assert item["jpg"].size == (sample.width, sample.height)
@@ -230,7 +243,7 @@ def test_a_soft_label_reaches_the_shard_and_the_manifest(
     output = OutputSpec(uri=out.uri, format=fmt)
     mixed, plain = _augmented(photos[:1], views=2)
     mixed = dataclasses.replace(mixed, soft_label={"cat": 0.75, None: 0.25})
-    write_shard(out, SHARD, ShardOutput(samples=[mixed, plain]), WriteContext(output, VERSIONS))
+    write_shard(out, SHARD, ShardOutput(samples=[mixed, plain]), _context(output))
     expected = [{"label": "cat", "weight": 0.75}, {"label": None, "weight": 0.25}]
     manifest = _read_table(out, f"manifests/{SHARD}.parquet").to_pylist()
     assert [row["soft_label"] for row in manifest] == [expected, None]
@@ -253,7 +266,7 @@ def test_same_output_twice_gives_the_same_bytes(
     objects = []
     for attempt in ("first", "retry"):
         location = open_location(str(tmp_path / attempt), StorageSpec(retries=0))
-        context = WriteContext(OutputSpec(uri=location.uri, format=fmt), VERSIONS)
+        context = _context(OutputSpec(uri=location.uri, format=fmt))
         write_shard(location, SHARD, result, context)
         objects.append({p: location.read_bytes(p) for p, _ in location.list(recursive=True)})
     assert objects[0] == objects[1]
@@ -261,7 +274,7 @@ def test_same_output_twice_gives_the_same_bytes(
     # and a retry over the first attempt's objects leaves the same bytes in place
     location = open_location(str(tmp_path / "first"), StorageSpec(retries=0))
     write_shard(
-        location, SHARD, result, WriteContext(OutputSpec(uri=location.uri, format=fmt), VERSIONS)
+        location, SHARD, result, _context(OutputSpec(uri=location.uri, format=fmt))
     )
     assert {p: location.read_bytes(p) for p, _ in location.list(recursive=True)} == objects[0]
 
@@ -269,7 +282,7 @@ def test_same_output_twice_gives_the_same_bytes(
 def test_no_errors_file_without_quarantine(photos: list[SamplePhoto], tmp_path: Path) -> None:
     out = _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=0)))
     result = ShardOutput(device="cpu", sources=2, samples=_augmented(photos[:2], views=1))
-    context = WriteContext(OutputSpec(uri=out.uri, format="webdataset"), VERSIONS)
+    context = _context(OutputSpec(uri=out.uri, format="webdataset"))
     committed = write_shard(out, "part-00000", result, context)
     assert out.writes == ["data/part-00000.tar", "manifests/part-00000.parquet"]
     assert (committed.samples, committed.quarantined, committed.reasons) == (2, 0, {})
@@ -284,7 +297,7 @@ def test_a_shard_of_only_quarantined_samples_is_still_committed(tmp_path: Path) 
             Quarantined("a.jpg", 0, "read", "SourceError", "null image in column 'image'")
         ],
     )
-    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), VERSIONS)
+    context = _context(OutputSpec(uri=out.uri, format="parquet"))
     write_shard(out, "part-00000", result, context)
     assert out.writes[-1] == "manifests/part-00000.parquet"
     assert commit.committed_shards(out) == {"part-00000"}
@@ -303,8 +316,53 @@ def test_a_failed_data_write_commits_nothing(photos: list[SamplePhoto], tmp_path
 
     base = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
     out = FailingData(base.uri, base.fs, base.root, base.attempts)
-    context = WriteContext(OutputSpec(uri=out.uri, format="parquet"), VERSIONS)
+    context = _context(OutputSpec(uri=out.uri, format="parquet"))
     with pytest.raises(OSError, match="disk on fire"):
         write_shard(out, SHARD, _result(photos[:2]), context)
     assert out.writes == []
     assert commit.committed_shards(out) == set()
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_by_view_writes_one_object_per_view_committed_by_one_manifest(
+    out: RecordingLocation, photos: list[SamplePhoto], fmt: str
+) -> None:
+    output = OutputSpec(uri=out.uri, format=fmt)
+    result = _result(photos[:5])
+    write_shard(out, SHARD, result, _context(output, "by_view"))
+    ext = output_format(fmt).extension
+    assert out.writes == [f"data/view=0/{SHARD}.{ext}", f"data/view=1/{SHARD}.{ext}",
+                          f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+    metadata = commit.manifest_metadata(out, SHARD)
+    assert metadata["rayaug.layout"] == "by_view"
+    manifest = _read_table(out, commit.manifest_path(SHARD)).to_pylist()
+    fmt_ = output_format(fmt)
+    for view in (0, 1):
+        (data,) = [o for o in fmt_.objects(SHARD, metadata) if o.view == view]
+        images = fmt_.read_object(out, output, data)
+        rows = [r for r in manifest if r["view"] == view]
+        # the view's samples, sources in the seed's order, `index` their place in the object
+        expected = sorted((s for s in result.samples if s.view == view),
+                          key=lambda s: placement(7, s.source_key))
+        assert [r["sample_id"] for r in rows] == [s.sample_id for s in expected]
+        assert [r["index"] for r in rows] == list(range(5))
+        assert set(images) == {s.sample_id for s in expected} and data.samples == 5
+        for row in rows:
+            assert hashlib.sha256(images[row["sample_id"]]).hexdigest() == row["sha256"]
+    assert len(fmt_.read_images(out, output, SHARD)) == 10
+
+
+def test_a_shard_is_not_written_in_the_input_order(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    """Sources sharing a shard come out in the seed's order: a unit cut from a Parquet file or
+    a tar of one class after another would otherwise stay that way."""
+    out = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
+    samples = _augmented(photos[:8], views=1)
+    write_shard(out, SHARD, ShardOutput(samples=samples),
+                _context(OutputSpec(uri=out.uri, format="parquet")))
+    keys = _read_table(out, commit.manifest_path(SHARD)).column("source_key").to_pylist()
+    assert sorted(keys) == sorted(s.source_key for s in samples)
+    assert keys != [s.source_key for s in samples]
+    other = WriteContext(OutputSpec(uri=out.uri, format="parquet"), VERSIONS, 8, "by_source")
+    write_shard(out, SHARD, ShardOutput(samples=samples), other)
+    assert _read_table(out, commit.manifest_path(SHARD)).column("source_key").to_pylist() != keys

@@ -112,7 +112,10 @@ def test_list_and_read_every_format(
 
     samples = [s for unit in listing.units for s in read_unit(location, spec, fmt, unit)]
     expected = _expected(fmt, photos)
-    assert [s.key for s in samples] == list(expected)  # stable order, every sample once
+    if fmt == "folder":  # units drawn by the seed: every sample once, in a mixed order
+        assert sorted(s.key for s in samples) == sorted(expected)
+    else:
+        assert [s.key for s in samples] == list(expected)  # stable order, every sample once
     for sample in samples:
         data, label = expected[sample.key]
         assert sample.error is None
@@ -482,3 +485,16 @@ def test_tar_sample_without_an_image_is_an_error_sample(tmp_path: Path) -> None:
     (sample,) = read_unit(location, spec, "webdataset", unit)
     assert sample.key == "s.tar/x" and sample.data is None
     assert "no image member" in sample.error and "json" in sample.error
+
+
+def test_folder_units_mix_classes_by_the_seed(photos: list[SamplePhoto], tmp_path: Path) -> None:
+    """A folder is listed class by class; its units are drawn by the job's seed instead, so no
+    shard is one class, and the same seed draws the same units."""
+    _write("folder", photos, tmp_path / "input")
+    location = open_location(str(tmp_path / "input"), StorageSpec(retries=0))
+    spec = InputSpec(uri=location.uri)
+    units = list_input(location, spec, shard_size=4, seed=3).units
+    assert units == list_input(location, spec, shard_size=4, seed=3).units
+    assert units != list_input(location, spec, shard_size=4, seed=4).units
+    for unit in units:
+        assert len({path.split("/", 1)[0] for path in unit.files}) > 1, unit.files

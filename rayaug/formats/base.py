@@ -2,22 +2,26 @@
 
 An input format turns the listed files into work units, reads a unit's source samples, reads
 the samples of one source object (replay), and, when it has random access, reads a source by
-its position (mix partners). An output format writes a shard's data and returns the record the
-shard's manifest keeps of it, names the objects a committed shard's data is, reads a shard's
-images back, and may finish the output once every shard is committed (Lance commits its
-dataset version there).
+its position (mix partners). An output format writes a shard's data (one object per view in
+the `by_view` layout, one for the shard in `by_source`) and returns the record the shard's
+manifest keeps of it, names the objects a committed shard's data is, reads an object's images
+back, and may finish the output once every shard is committed (Lance commits its dataset
+version there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayaug.commit import manifest_metadata
 from rayaug.errors import UsageError
 from rayaug.records import AugmentedSample, Listing, SourceSample, Targets, WorkUnit
 
@@ -32,6 +36,7 @@ SOFT_LABEL = pa.list_(pa.struct([("label", pa.string()), ("weight", pa.float64()
 DATA_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
+        ("view", pa.int32()),
         ("image", pa.binary()),
         ("label", pa.string()),
         ("width", pa.int32()),
@@ -43,6 +48,47 @@ DATA_SCHEMA = pa.schema(
         ("soft_label", SOFT_LABEL),
     ]
 )
+
+# In a manifest's file metadata: the shard's layout and its data objects (JSON list). A
+# manifest without them was written before layouts: by_source, one object per shard.
+LAYOUT_KEY, OBJECTS_KEY = "rayaug.layout", "rayaug.objects"
+BY_VIEW, BY_SOURCE = "by_view", "by_source"
+
+
+@dataclass(frozen=True)
+class DataObject:
+    """One object of a committed shard's data: its path (relative to the output), the view
+    it holds (None: every view, the by_source layout) and its samples (None: not recorded)."""
+
+    path: str
+    view: int | None
+    samples: int | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def view_groups(
+    samples: list[AugmentedSample], by_view: bool
+) -> list[tuple[int | None, list[AugmentedSample]]]:
+    """The samples of each data object, in order: per view (by_view), or all in one."""
+    if not by_view:
+        return [(None, samples)]
+    views = sorted({s.view for s in samples})
+    return [(v, [s for s in samples if s.view == v]) for v in views]
+
+
+def objects_record(objects: list[DataObject]) -> dict[str, str]:
+    """What a shard's manifest keeps of its data objects (read back by `recorded_objects`)."""
+    return {OBJECTS_KEY: json.dumps([o.to_json() for o in objects])}
+
+
+def recorded_objects(metadata: dict[str, str]) -> list[DataObject] | None:
+    """The data objects a manifest's metadata records; None for a manifest from before."""
+    if OBJECTS_KEY not in metadata:
+        return None
+    return [DataObject(**o) for o in json.loads(metadata[OBJECTS_KEY])]
+
 
 # A source read by its position in the plan: (its unit, its offset in the unit) → the sample.
 PositionReader = Callable[[WorkUnit, int], SourceSample]
@@ -60,9 +106,15 @@ class InputFormat:
         return extension(path) in self.extensions
 
     def plan(
-        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+        self,
+        location: Location,
+        spec: InputSpec,
+        files: list[tuple[str, int]],
+        shard_size: int,
+        seed: int,
     ) -> Listing:
-        """The work units of at most `shard_size` sources over the listed (path, size) files."""
+        """The work units of at most `shard_size` sources over the listed (path, size) files;
+        where the format decides which sources share a unit, `seed` draws it."""
         raise NotImplementedError
 
     def plan_added(
@@ -111,22 +163,41 @@ class OutputFormat:
     folder: ClassVar[str]
 
     def write(
-        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+        self,
+        out: Location,
+        shard: str,
+        samples: list[AugmentedSample],
+        output: OutputSpec,
+        by_view: bool,
     ) -> dict[str, str]:
-        """Write a shard's data, whole; returns what the shard's manifest records of it (in its
-        file metadata), so that the committed manifest is enough to find the data."""
+        """Write a shard's data, whole (one object per view when `by_view`); returns what the
+        shard's manifest records of it (in its file metadata), so that the committed manifest
+        is enough to find the data."""
+        raise NotImplementedError
+
+    def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:
+        """The data objects of a committed shard, from its manifest's file metadata."""
+        raise NotImplementedError
+
+    def read_object(
+        self, out: Location, output: OutputSpec, data: DataObject, masks: bool = False
+    ) -> dict[str, bytes]:
+        """sample_id → encoded image (or mask PNG) of one data object, read as an ordinary
+        reader of the format would."""
         raise NotImplementedError
 
     def data_objects(self, out: Location, shard: str) -> set[str]:
         """The objects (relative to the output) of a committed shard's data."""
-        raise NotImplementedError
+        return {o.path for o in self.objects(shard, manifest_metadata(out, shard))}
 
     def read_images(
         self, out: Location, output: OutputSpec, shard: str, masks: bool = False
     ) -> dict[str, bytes]:
-        """sample_id → encoded image (or mask PNG) of one committed shard, read as an ordinary
-        reader of the format would."""
-        raise NotImplementedError
+        """sample_id → encoded image (or mask PNG) of one committed shard, every object."""
+        images: dict[str, bytes] = {}
+        for data in self.objects(shard, manifest_metadata(out, shard)):
+            images |= self.read_object(out, output, data, masks)
+        return images
 
     def finish(self, out: Location, shards: set[str]) -> None:
         """The driver, once `shards` are all the committed shards of a finished job."""
@@ -137,14 +208,16 @@ class OutputFormat:
 
 
 class ShardFile(OutputFormat):
-    """An output format that writes each shard as one object, `data/<shard>.<extension>`:
-    a retried shard overwrites it with the same bytes."""
+    """An output format that writes each shard as one object per view,
+    `data/view=<view>/<shard>.<extension>` (by_view), or one object, `data/<shard>.<extension>`
+    (by_source): a retried shard overwrites them with the same bytes."""
 
     folder = "data"
     extension: ClassVar[str]
 
-    def data_path(self, shard: str) -> str:
-        return f"{self.folder}/{shard}.{self.extension}"
+    def data_path(self, shard: str, view: int | None = None) -> str:
+        folder = self.folder if view is None else f"{self.folder}/view={view}"
+        return f"{folder}/{shard}.{self.extension}"
 
     def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
         raise NotImplementedError
@@ -153,18 +226,28 @@ class ShardFile(OutputFormat):
         raise NotImplementedError
 
     def write(
-        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+        self,
+        out: Location,
+        shard: str,
+        samples: list[AugmentedSample],
+        output: OutputSpec,
+        by_view: bool,
     ) -> dict[str, str]:
-        out.write_bytes(self.data_path(shard), self.encode(samples, shard, output))
-        return {}
+        objects = []
+        for view, group in view_groups(samples, by_view):
+            path = self.data_path(shard, view)
+            out.write_bytes(path, self.encode(group, shard, output))
+            objects.append(DataObject(path, view, len(group)))
+        return objects_record(objects)
 
-    def data_objects(self, out: Location, shard: str) -> set[str]:
-        return {self.data_path(shard)}
+    def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:
+        recorded = recorded_objects(metadata)
+        return recorded if recorded is not None else [DataObject(self.data_path(shard), None, None)]
 
-    def read_images(
-        self, out: Location, output: OutputSpec, shard: str, masks: bool = False
+    def read_object(
+        self, out: Location, output: OutputSpec, data: DataObject, masks: bool = False
     ) -> dict[str, bytes]:
-        return self.decode(out.read_bytes(self.data_path(shard)), output, masks)
+        return self.decode(out.read_bytes(data.path), output, masks)
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -194,6 +277,7 @@ def data_table(samples: list[AugmentedSample]) -> pa.Table:
     rows = [
         {
             "sample_id": s.sample_id,
+            "view": s.view,
             "image": s.image,
             "label": s.label,
             "width": s.width,

@@ -1,5 +1,7 @@
 """Input: an image folder. The sub-folder name is the label; the key is the relative path.
 
+Sources go to units by a permutation drawn from the job's seed, so every shard mixes classes.
+
 Label targets ride beside it: a COCO annotation file, and a tree of mask PNGs mirroring the
 images (inside the input or elsewhere on its storage).
 """
@@ -12,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from rayaug.formats.base import InputFormat, PositionReader, shard_name, with_targets
-from rayaug.records import Listing, SourceSample, Targets, WorkUnit
+from rayaug.records import Listing, SourceSample, Targets, WorkUnit, placement
 
 if TYPE_CHECKING:
     from rayaug.spec import InputSpec
@@ -29,7 +31,12 @@ class FolderInput(InputFormat):
     random_access = True
 
     def plan(
-        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+        self,
+        location: Location,
+        spec: InputSpec,
+        files: list[tuple[str, int]],
+        shard_size: int,
+        seed: int,
     ) -> Listing:
         masks = _masks_inside(location, spec)  # mask PNGs are labels, not images to augment
         images = [
@@ -37,6 +44,9 @@ class FolderInput(InputFormat):
             for path, _ in files
             if self.claims(path) and not (masks and path.startswith(masks))
         ]
+        # Listing order puts a class in a folder, so a unit would be one class: a permutation
+        # drawn from the seed mixes every shard (a shuffle buffer cannot mix one-class shards).
+        images.sort(key=lambda path: placement(seed, path))
         chunks = [tuple(images[i : i + shard_size]) for i in range(0, len(images), shard_size)]
         units = [WorkUnit(shard_name(i), chunk, None, len(chunk)) for i, chunk in enumerate(chunks)]
         return Listing(self.name, units, files, len(files) - len(images))

@@ -1,8 +1,9 @@
 """Output: one Lance dataset, `data.lance/` under the output, with the rows of DATA_SCHEMA.
 
 Each shard's actor writes the shard's rows as Lance fragment(s), new data files under
-`data.lance/data/`, and the shard's manifest records their metadata: the manifest stays the
-shard's commit record. Only the driver commits a dataset version, at the end of a run (a
+`data.lance/data/` (by_view: fragments of one view each; every row has its `view` column), and
+the shard's manifest records their metadata and which view each data file holds: the manifest
+stays the shard's commit record. Only the driver commits a dataset version, at the end of a run (a
 resume's too): the version of exactly the committed shards' fragments, in shard order
 (`Overwrite`, so a resume re-commits the whole set and never a fragment twice). A shard that
 was retried wrote new files; only those its manifest records are referenced, and the others
@@ -18,7 +19,16 @@ import lance
 from lance.fragment import FragmentMetadata, write_fragments
 
 from rayaug.commit import manifest_metadata
-from rayaug.formats.base import DATA_SCHEMA, OutputFormat, data_table, images_of
+from rayaug.formats.base import (
+    DATA_SCHEMA,
+    DataObject,
+    OutputFormat,
+    data_table,
+    images_of,
+    objects_record,
+    recorded_objects,
+    view_groups,
+)
 from rayaug.records import AugmentedSample
 from rayaug.storage import retrying
 
@@ -35,12 +45,28 @@ class LanceOutput(OutputFormat):
     folder = f"{DATASET}/data"
 
     def write(
-        self, out: Location, shard: str, samples: list[AugmentedSample], output: OutputSpec
+        self,
+        out: Location,
+        shard: str,
+        samples: list[AugmentedSample],
+        output: OutputSpec,
+        by_view: bool,
     ) -> dict[str, str]:
-        table = data_table(samples)
-        fragments = retrying(
+        fragments, objects = [], []
+        for view, group in view_groups(samples, by_view):
+            written = self._write_fragments(out, shard, group)
+            fragments += written
+            objects += [DataObject(f"{self.folder}/{p}", view, len(group)) for p in _files(written)]
+        return {FRAGMENTS_KEY: json.dumps([f.to_json() for f in fragments])} | objects_record(
+            objects
+        )
+
+    def _write_fragments(
+        self, out: Location, shard: str, samples: list[AugmentedSample]
+    ) -> list[FragmentMetadata]:
+        return retrying(
             lambda: write_fragments(
-                table,
+                data_table(samples),
                 out.uri_of(DATASET),
                 schema=DATA_SCHEMA,
                 # "overwrite" only assigns field ids from the schema alone (the same in every
@@ -51,31 +77,31 @@ class LanceOutput(OutputFormat):
             f"writing {out.uri_of(DATASET)} (shard {shard})",
             out.attempts,
         )
-        return {FRAGMENTS_KEY: json.dumps([fragment.to_json() for fragment in fragments])}
 
-    def data_objects(self, out: Location, shard: str) -> set[str]:
-        return {f"{self.folder}/{path}" for path in _files(_fragments(out, shard))}
+    def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:
+        recorded = recorded_objects(metadata)
+        if recorded is not None:
+            return recorded
+        fragments = _parsed(metadata[FRAGMENTS_KEY])
+        return [DataObject(f"{self.folder}/{p}", None, None) for p in _files(fragments)]
 
-    def read_images(
-        self, out: Location, output: OutputSpec, shard: str, masks: bool = False
+    def read_object(
+        self, out: Location, output: OutputSpec, data: DataObject, masks: bool = False
     ) -> dict[str, bytes]:
-        """The shard's own data files, read with Lance's file reader: a shard committed by a
-        running job is readable before the driver commits the dataset version."""
-        images: dict[str, bytes] = {}
+        """A data file read with Lance's file reader: a shard committed by a running job is
+        readable before the driver commits the dataset version."""
+        uri = out.uri_of(data.path)
         columns = ["sample_id", "mask" if masks else "image"]
-        for path in _files(_fragments(out, shard)):
-            uri = out.uri_of(f"{self.folder}/{path}")
-            table = retrying(
-                lambda u=uri: (
-                    lance.file.LanceFileReader(u, out.storage_options, columns=columns)
-                    .read_all()
-                    .to_table()
-                ),
-                f"reading {uri}",
-                out.attempts,
-            )
-            images |= images_of(table, masks)
-        return images
+        table = retrying(
+            lambda: (
+                lance.file.LanceFileReader(uri, out.storage_options, columns=columns)
+                .read_all()
+                .to_table()
+            ),
+            f"reading {uri}",
+            out.attempts,
+        )
+        return images_of(table, masks)
 
     def finish(self, out: Location, shards: set[str]) -> None:
         fragments = [f for shard in sorted(shards) for f in _fragments(out, shard)]
@@ -118,8 +144,11 @@ OUTPUT = LanceOutput()
 
 def _fragments(out: Location, shard: str) -> list[FragmentMetadata]:
     """The fragments a committed shard's manifest records."""
-    recorded = json.loads(manifest_metadata(out, shard)[FRAGMENTS_KEY])
-    return [FragmentMetadata.from_json(json.dumps(fragment)) for fragment in recorded]
+    return _parsed(manifest_metadata(out, shard)[FRAGMENTS_KEY])
+
+
+def _parsed(recorded: str) -> list[FragmentMetadata]:
+    return [FragmentMetadata.from_json(json.dumps(fragment)) for fragment in json.loads(recorded)]
 
 
 def _files(fragments: list[FragmentMetadata]) -> list[str]:

@@ -45,7 +45,12 @@ class ParquetInput(InputFormat):
     CACHED_ROW_GROUPS = 8  # a partner costs its row group; neighbours are often picked again
 
     def plan(
-        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+        self,
+        location: Location,
+        spec: InputSpec,
+        files: list[tuple[str, int]],
+        shard_size: int,
+        seed: int,
     ) -> Listing:
         chosen = self.chosen(location, files)
         units = _parquet_units(location, spec, [path for path, _ in chosen], shard_size)

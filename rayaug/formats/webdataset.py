@@ -3,7 +3,8 @@
 Input: members sharing a key (basename up to its first dot) are one sample; the key is
 `shard.tar/member-key`. Nothing is extracted to disk, so hostile member names cannot escape.
 A tar has no index: it is read in sequence, so it has no random access (no mix partners).
-Output: members `<shard>-<index>.{ext,txt,json,mask.png}` with fixed metadata (same bytes).
+Output: members `<shard>-<index>.{ext,txt,json,mask.png}` with fixed metadata (same bytes),
+one tar per view (by_view) or per shard (by_source).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ class WebDatasetInput(InputFormat):
     extensions = frozenset({"tar"})
 
     def plan(
-        self, location: Location, spec: InputSpec, files: list[tuple[str, int]], shard_size: int
+        self,
+        location: Location,
+        spec: InputSpec,
+        files: list[tuple[str, int]],
+        shard_size: int,
+        seed: int,
     ) -> Listing:
         chosen = self.chosen(location, files)
         units = [WorkUnit(shard_name(i), (path,)) for i, (path, _) in enumerate(chosen)]

@@ -91,7 +91,7 @@ def time_augmenter(spec: Any, device: str, repeat: int) -> dict[str, Any]:
 
     started = time.monotonic()
     location = storage.open_location(spec.input.uri, spec.storage)
-    listing = sources.list_input(location, spec.input, spec.output.shard_size)
+    listing = sources.list_input(location, spec.input, spec.output.shard_size, spec.seed)
     units = [sources.read_unit(location, spec.input, listing.format, unit)
              for unit in listing.units]
     if repeat > 1:  # each source again under another key: other seeds, other parameters
