@@ -7,6 +7,7 @@
     out.status()["state"]                          # 'done'
     out.manifest().to_pandas()                     # one row per sample
     for row, image in out.samples(limit=4): ...    # manifest row, PIL image
+    loader = DataLoader(out.epoch(3, rank=r, world_size=w), batch_size=None)  # training
 
 Nothing here prints. Every problem a user can act on is raised as one of the typed errors of
 `rayaug.errors` (`SpecError` naming the field path, `UsageError`, `StorageError`, `JobFailed`),
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from rayaug.spec import JobSpec, StorageSpec, load_spec, parse_spec
 from rayaug.storage import open_location
 
 if TYPE_CHECKING:
+    from rayaug.epochs import Epoch
     from rayaug.job import JobSummary, Progress, RunOptions, Tally
     from rayaug.reports.query import QueryResult
 
@@ -172,6 +174,50 @@ class OutputView:
         is the row's). Reads one data shard at a time."""
         for row, data in islice(outputs.samples(self.output), limit):
             yield row, _decoded(data) if decode else data
+
+    def epoch(
+        self,
+        epoch: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        columns: Sequence[str] = ("sample_id", "label", "soft_label", "targets"),
+        decode: bool = True,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        window: int = 4,
+    ) -> Epoch:
+        """One rank's share of epoch `epoch` for training: view `epoch mod views` of every
+        committed sample, once over all ranks and workers, in an order fixed by (seed, epoch,
+        the committed manifests). A torch `IterableDataset` when torch is installed.
+
+        `seed`: the order's (default: the job's). `drop_last`: equal ranks by leaving out up
+        to world_size - 1 samples (default: by repeating as many). `columns`: the manifest
+        columns each item carries (`ops` on request). `decode`: images as (H, W, 3) uint8
+        arrays, else their stored bytes. `batch_size`, `num_workers`: the DataLoader's, which
+        is what lets `state_dict(samples=...)` resume exactly. `window`: shards shuffled
+        together (memory: one window of one view per worker). README "Training on the output".
+        """
+        from rayaug.epochs import Epoch
+
+        return Epoch(
+            self.output,
+            self.storage,
+            epoch,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            columns=columns,
+            decode=decode,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            window=window,
+        )
 
     def verify(self) -> list[str]:
         """Every breach of the commit protocol (missing shards, counts, sha256, orphans, no

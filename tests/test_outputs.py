@@ -39,7 +39,7 @@ def committed(tmp_path: Path, photos: list[SamplePhoto], fmt: str) -> Location:
     units = [WorkUnit(f"part-0000{i}", (f"{i}.jpg",), planned=4) for i in range(3)]
     commit.write_json(out, commit.PLAN, JobPlan("folder", units, 0, "f").to_json())
     commit.write_json(out, commit.FINGERPRINT, {"fingerprint": "f", "versions": VERSIONS})
-    context = WriteContext(spec.output, VERSIONS)
+    context = WriteContext(spec.output, VERSIONS, spec.seed, spec.layout)  # by_view
     for i, shard in enumerate(SHARDS):
         write_shard(out, shard, _result(photos[3 * i : 3 * i + 3]), context)
     return out
@@ -85,7 +85,7 @@ def test_a_committed_sample_missing_from_its_data_is_an_error(
 ) -> None:
     out = committed(tmp_path, photos, "parquet")
     output = outputs.recorded_output(out)
-    path = tmp_path / "out" / output_format("parquet").data_path(SHARDS[0])
+    path = tmp_path / "out" / output_format("parquet").data_path(SHARDS[0], view=0)
     pq.write_table(pq.read_table(path).slice(1), path)  # one image lost after its commit
     with pytest.raises(UsageError, match="is committed but missing from its data shard"):
         list(outputs.samples(output))

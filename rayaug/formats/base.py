@@ -58,11 +58,14 @@ BY_VIEW, BY_SOURCE = "by_view", "by_source"
 @dataclass(frozen=True)
 class DataObject:
     """One object of a committed shard's data: its path (relative to the output), the view
-    it holds (None: every view, the by_source layout) and its samples (None: not recorded)."""
+    it holds (None: every view, the by_source layout), its samples (None: not recorded) and,
+    where the format can tell, the byte offsets where each sample starts (and the last ends):
+    what lets a reader fetch some samples by ranged reads."""
 
     path: str
     view: int | None
     samples: int | None
+    spans: list[int] | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -223,7 +226,13 @@ class ShardFile(OutputFormat):
         raise NotImplementedError
 
     def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
+        """sample_id → image (or mask) of an object's bytes, or of some of its samples' spans."""
         raise NotImplementedError
+
+    def spans(self, data: bytes) -> list[int] | None:
+        """Where each sample of an encoded object starts (and the last ends); None when the
+        format's samples cannot be read apart."""
+        return None
 
     def write(
         self,
@@ -236,8 +245,9 @@ class ShardFile(OutputFormat):
         objects = []
         for view, group in view_groups(samples, by_view):
             path = self.data_path(shard, view)
-            out.write_bytes(path, self.encode(group, shard, output))
-            objects.append(DataObject(path, view, len(group)))
+            data = self.encode(group, shard, output)
+            out.write_bytes(path, data)
+            objects.append(DataObject(path, view, len(group), self.spans(data)))
         return objects_record(objects)
 
     def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:

@@ -77,6 +77,17 @@ class WebDatasetOutput(ShardFile):
             json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m
         }
 
+    def spans(self, data: bytes) -> list[int]:
+        """A sample's members lie together: it spans from its first header to its last
+        member's padded end (a span read alone is a small tar of that sample)."""
+        starts: dict[str, int] = {}
+        end = 0
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            for member in archive:
+                starts.setdefault(member.name.partition(".")[0], member.offset)
+                end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        return [*starts.values(), end] if starts else []
+
 
 INPUT = WebDatasetInput()
 OUTPUT = WebDatasetOutput()
