@@ -65,7 +65,9 @@ def plan_growth(
     units = [replace(u, views=(old_views, spec.views)) for u in recorded.plan.source_units]
     units = units if spec.views > old_views else []
     if sources_added:
-        new = fmt.plan_added(source, spec.input, recorded.files, added, spec.output.shard_size)
+        new = fmt.plan_added(
+            source, spec.input, recorded.files, added, spec.output.shard_size, spec.seed
+        )
         units += [replace(unit, views=(0, spec.views)) for unit in new]
     return [replace(unit, shard=shard_name(i)) for i, unit in enumerate(units)]
 

@@ -49,24 +49,40 @@ def _samples(shard: int, sources: int) -> list[AugmentedSample]:
     for i in range(sources):
         key = f"{CLASSES[(shard + i) % 3]}/{shard:02d}-{i:02d}.jpg"
         for view in range(VIEWS):
-            samples.append(AugmentedSample(
-                source_key=key, source_uri=f"mem://{key}", view=view,
-                seed=sample_seed(5, key, view), label=key.split("/")[0],
-                ops=[{"name": "hflip", "applied": view == 1, "params": {}}],
-                source_size=(12, 16), image=_jpeg(1000 * shard + 10 * i + view),
-                height=12, width=16,
-            ))
+            samples.append(
+                AugmentedSample(
+                    source_key=key,
+                    source_uri=f"mem://{key}",
+                    view=view,
+                    seed=sample_seed(5, key, view),
+                    label=key.split("/")[0],
+                    ops=[{"name": "hflip", "applied": view == 1, "params": {}}],
+                    source_size=(12, 16),
+                    image=_jpeg(1000 * shard + 10 * i + view),
+                    height=12,
+                    width=16,
+                )
+            )
     return samples
 
 
-def write_output(out: Location, fmt: str, layout: str | None = None, finished: bool = True,
-                 sources: tuple[int, ...] = SOURCES) -> None:
+def write_output(
+    out: Location,
+    fmt: str,
+    layout: str | None = None,
+    finished: bool = True,
+    sources: tuple[int, ...] = SOURCES,
+) -> None:
     """A committed output of len(sources) shards x VIEWS views, with its job's records."""
-    spec = parse_spec({
-        "input": {"uri": "/nowhere"},
-        "output": {"uri": out.uri, "format": fmt, "layout": layout},
-        "views": VIEWS, "seed": 5, "ops": [{"name": "horizontal_flip"}],
-    })
+    spec = parse_spec(
+        {
+            "input": {"uri": "/nowhere"},
+            "output": {"uri": out.uri, "format": fmt, "layout": layout},
+            "views": VIEWS,
+            "seed": 5,
+            "ops": [{"name": "horizontal_flip"}],
+        }
+    )
     out.write_bytes(commit.SPEC, dump_spec(spec).encode())
     units = [WorkUnit(f"part-{i:05d}", (f"{i}",), planned=n) for i, n in enumerate(sources)]
     commit.write_json(out, commit.PLAN, JobPlan("folder", units, 0, "f").to_json())
@@ -96,11 +112,17 @@ def _sample_ids(batch: list[dict]) -> list[str]:
     return [item["sample_id"] for item in batch]
 
 
-def _loader_ids(epoch, batch_size: int, workers: int, steps: int | None = None,
-                context: str | None = None) -> list[str]:
+def _loader_ids(
+    epoch, batch_size: int, workers: int, steps: int | None = None, context: str | None = None
+) -> list[str]:
     """What a DataLoader over the epoch delivers (its first `steps` batches)."""
-    loader = DataLoader(epoch, batch_size=batch_size, num_workers=workers,
-                        collate_fn=_sample_ids, multiprocessing_context=context)
+    loader = DataLoader(
+        epoch,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=_sample_ids,
+        multiprocessing_context=context,
+    )
     ids = []
     for step, batch in enumerate(loader):
         if steps is not None and step == steps:
@@ -143,7 +165,8 @@ def test_the_order_is_the_seed_and_epoch_alone(local: Location) -> None:
     assert first == _ids(out.epoch(0))
     assert _ids(out.epoch(3)) != first  # the next epoch over view 0 has another order
     assert sorted(s.removesuffix("#0") for s in _ids(out.epoch(3))) == sorted(
-        s.removesuffix("#0") for s in first)
+        s.removesuffix("#0") for s in first
+    )
     assert _ids(out.epoch(0, seed=1)) != first
     # not one shard after another: the first 10 samples come from several shards and classes
     shards = {s.split("/")[1][:2] for s in first[:10]}
@@ -232,10 +255,13 @@ def test_a_running_jobs_committed_shards_are_served_with_a_warning(local: Locati
     assert len(_ids(epoch)) == 77
 
 
-@pytest.mark.parametrize(("fmt", "cost"), [
-    ("parquet", "reads 3x the bytes it serves"),
-    ("webdataset", "reads each sample by a ranged read of its own"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "cost"),
+    [
+        ("parquet", "reads 3x the bytes it serves"),
+        ("webdataset", "reads each sample by a ranged read of its own"),
+    ],
+)
 def test_a_by_source_output_is_read_at_the_stated_cost(
     local: Location, fmt: str, cost: str
 ) -> None:
@@ -257,23 +283,27 @@ def test_a_missing_or_corrupt_data_object_is_named_with_its_shard(local: Locatio
     write_output(local, "webdataset")
     out = rayaug.open_output(local.uri)
     local.delete("data/view=0/part-00003.tar")
-    with pytest.raises(UsageError, match=r"data object data/view=0/part-00003.tar of committed "
-                                         r"shard part-00003 cannot be read"):
+    with pytest.raises(
+        UsageError,
+        match=r"data object data/view=0/part-00003.tar of committed "
+        r"shard part-00003 cannot be read",
+    ):
         list(out.epoch(0, decode=False))
     local.write_bytes("data/view=1/part-00004.tar", b"\x00garbage" * 40)
     with pytest.raises(UsageError, match="part-00004.tar of committed shard part-00004"):
         list(out.epoch(1, decode=False))
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    ({"epoch": -1}, "epoch must be ≥ 0"),
-    ({"epoch": 0, "rank": 2, "world_size": 2}, "rank 2 is out of range for world_size 2"),
-    ({"epoch": 0, "world_size": 0}, "world_size must be ≥ 1"),
-    ({"epoch": 0, "columns": ("sample_id", "nope")}, "no manifest column nope"),
-])
-def test_out_of_range_arguments_are_refused(
-    local: Location, arguments: dict, message: str
-) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"epoch": -1}, "epoch must be ≥ 0"),
+        ({"epoch": 0, "rank": 2, "world_size": 2}, "rank 2 is out of range for world_size 2"),
+        ({"epoch": 0, "world_size": 0}, "world_size must be ≥ 1"),
+        ({"epoch": 0, "columns": ("sample_id", "nope")}, "no manifest column nope"),
+    ],
+)
+def test_out_of_range_arguments_are_refused(local: Location, arguments: dict, message: str) -> None:
     write_output(local, "parquet", sources=(3,))
     with pytest.raises(UsageError, match=message):
         rayaug.open_output(local.uri).epoch(**arguments)

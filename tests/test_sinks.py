@@ -273,9 +273,7 @@ def test_same_output_twice_gives_the_same_bytes(
     assert len(objects[0]) == 3
     # and a retry over the first attempt's objects leaves the same bytes in place
     location = open_location(str(tmp_path / "first"), StorageSpec(retries=0))
-    write_shard(
-        location, SHARD, result, _context(OutputSpec(uri=location.uri, format=fmt))
-    )
+    write_shard(location, SHARD, result, _context(OutputSpec(uri=location.uri, format=fmt)))
     assert {p: location.read_bytes(p) for p, _ in location.list(recursive=True)} == objects[0]
 
 
@@ -322,6 +320,7 @@ def test_a_failed_data_write_commits_nothing(photos: list[SamplePhoto], tmp_path
     assert out.writes == []
     assert commit.committed_shards(out) == set()
 
+
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
 def test_by_view_writes_one_object_per_view_committed_by_one_manifest(
     out: RecordingLocation, photos: list[SamplePhoto], fmt: str
@@ -330,8 +329,12 @@ def test_by_view_writes_one_object_per_view_committed_by_one_manifest(
     result = _result(photos[:5])
     write_shard(out, SHARD, result, _context(output, "by_view"))
     ext = output_format(fmt).extension
-    assert out.writes == [f"data/view=0/{SHARD}.{ext}", f"data/view=1/{SHARD}.{ext}",
-                          f"errors/{SHARD}.parquet", f"manifests/{SHARD}.parquet"]
+    assert out.writes == [
+        f"data/view=0/{SHARD}.{ext}",
+        f"data/view=1/{SHARD}.{ext}",
+        f"errors/{SHARD}.parquet",
+        f"manifests/{SHARD}.parquet",
+    ]
     metadata = commit.manifest_metadata(out, SHARD)
     assert metadata["rayaug.layout"] == "by_view"
     manifest = _read_table(out, commit.manifest_path(SHARD)).to_pylist()
@@ -341,8 +344,9 @@ def test_by_view_writes_one_object_per_view_committed_by_one_manifest(
         images = fmt_.read_object(out, output, data)
         rows = [r for r in manifest if r["view"] == view]
         # the view's samples, sources in the seed's order, `index` their place in the object
-        expected = sorted((s for s in result.samples if s.view == view),
-                          key=lambda s: placement(7, s.source_key))
+        expected = sorted(
+            (s for s in result.samples if s.view == view), key=lambda s: placement(7, s.source_key)
+        )
         assert [r["sample_id"] for r in rows] == [s.sample_id for s in expected]
         assert [r["index"] for r in rows] == list(range(5))
         assert set(images) == {s.sample_id for s in expected} and data.samples == 5
@@ -358,8 +362,12 @@ def test_a_shard_is_not_written_in_the_input_order(
     a tar of one class after another would otherwise stay that way."""
     out = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
     samples = _augmented(photos[:8], views=1)
-    write_shard(out, SHARD, ShardOutput(samples=samples),
-                _context(OutputSpec(uri=out.uri, format="parquet")))
+    write_shard(
+        out,
+        SHARD,
+        ShardOutput(samples=samples),
+        _context(OutputSpec(uri=out.uri, format="parquet")),
+    )
     keys = _read_table(out, commit.manifest_path(SHARD)).column("source_key").to_pylist()
     assert sorted(keys) == sorted(s.source_key for s in samples)
     assert keys != [s.source_key for s in samples]

@@ -127,10 +127,11 @@ class InputFormat:
         recorded: list[tuple[str, int]],
         added: list[tuple[str, int]],
         shard_size: int,
+        seed: int,
     ) -> list[WorkUnit]:
         """The work units of the files `added` to a listing of which `recorded` was planned
         already (an output that grows): the added files planned on their own."""
-        return self.plan(location, spec, added, shard_size).units
+        return self.plan(location, spec, added, shard_size, seed).units
 
     def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
         """Every source sample of one unit, in a stable order."""

@@ -63,11 +63,12 @@ class ParquetInput(InputFormat):
         recorded: list[tuple[str, int]],
         added: list[tuple[str, int]],
         shard_size: int,
+        seed: int,
     ) -> list[WorkUnit]:
         """Planned after the recorded files, so that a key the added files repeat is marked
         in them (the recorded copy stays the first) as a planning of the whole would."""
         paths = {path for path, _ in added}
-        units = self.plan(location, spec, recorded + added, shard_size).units
+        units = self.plan(location, spec, recorded + added, shard_size, seed).units
         return [unit for unit in units if unit.files[0] in paths]
 
     def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
