@@ -32,6 +32,8 @@ from rayaug.spec import JobSpec, StorageSpec, load_spec, parse_spec
 from rayaug.storage import open_location
 
 if TYPE_CHECKING:
+    import ray.data
+
     from rayaug.epochs import Epoch
     from rayaug.job import JobSummary, Progress, RunOptions, Tally
     from rayaug.reports.query import QueryResult
@@ -218,6 +220,34 @@ class OutputView:
             num_workers=num_workers,
             window=window,
         )
+
+    def epoch_dataset(
+        self,
+        epoch: int,
+        *,
+        seed: int | None = None,
+        shuffle: bool = True,
+        columns: Sequence[str] = ("sample_id", "label"),
+        decode: bool = True,
+        parts: int = 8,
+        window: int = 4,
+    ) -> ray.data.Dataset:
+        """The same epoch as a Ray Data dataset, for Ray Train (`datasets={"train": ...}`):
+        each committed sample of view `epoch mod views` once, as rows of `image` and `columns`,
+        read by `parts` tasks, each one contiguous part of the epoch's order. Ray Train splits
+        it over its workers; the order and `state_dict` promises are the `epoch()` reader's."""
+        from rayaug.job import epoch_dataset
+
+        reader = self.epoch(
+            epoch,
+            seed=seed,
+            shuffle=shuffle,
+            columns=columns,
+            decode=decode,
+            num_workers=parts,
+            window=window,
+        )
+        return epoch_dataset(reader)
 
     def verify(self) -> list[str]:
         """Every breach of the commit protocol (missing shards, counts, sha256, orphans, no

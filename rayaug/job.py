@@ -9,6 +9,7 @@ whole; the shard's manifest commits it: a killed actor costs only its uncommitte
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -34,6 +35,11 @@ from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, writ
 from rayaug.sources import SourceIndex, WorkUnit, check_apart, read_unit
 from rayaug.spec import ExecutionSpec, JobSpec
 from rayaug.storage import Location, check_reachable, open_location
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from rayaug.epochs import Epoch
 
 log = logging.getLogger(__name__)
 
@@ -730,3 +736,36 @@ def _finish(spec: JobSpec, out: Location) -> int:
     for path in found:
         out.delete(path)
     return len(found)
+
+
+# ---------------------------------------------------------------- training: an epoch for Ray Train
+
+
+def epoch_dataset(epoch: Epoch, rows_per_batch: int = 64) -> ray.data.Dataset:
+    """One epoch as a Ray Data dataset (for Ray Train): one read task per part of the epoch
+    (`epoch` is opened with num_workers = parts), each serving its part's items as rows,
+    `rows_per_batch` at a time: a task holds one window of its part, never the whole part."""
+    import ray
+
+    parts = max(epoch.split.num_workers, 1)
+    tasks = ray.data.from_items([{"part": p} for p in range(parts)], override_num_blocks=parts)
+    return tasks.map_batches(
+        _epoch_rows, batch_size=1, fn_kwargs={"epoch": epoch, "rows": rows_per_batch}
+    )
+
+
+def _epoch_rows(batch: dict[str, np.ndarray], epoch: Epoch, rows: int) -> Iterator[dict]:
+    for part in batch["part"]:
+        items = epoch.serve(int(part))
+        while chunk := list(itertools.islice(items, rows)):
+            yield {key: _column([item[key] for item in chunk]) for key in chunk[0]}
+
+
+def _column(values: list) -> np.ndarray:
+    """A batch column: images of one shape stacked, anything else one object per row."""
+    shapes = {getattr(v, "shape", None) for v in values}
+    if len(shapes) == 1 and None not in shapes:
+        return np.stack(values)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column

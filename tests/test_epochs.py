@@ -356,3 +356,17 @@ def test_torch_sees_an_iterable_dataset(local: Location) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a finished by_view output: no warning
         rayaug.open_output(local.uri).epoch(0)
+
+
+def test_an_epoch_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
+    write_output(local, "webdataset")
+    out = rayaug.open_output(local.uri)
+    dataset = out.epoch_dataset(1, parts=3)
+    rows = dataset.take_all()
+    assert sorted(r["sample_id"] for r in rows) == sorted(_view_ids(1))  # each once
+    assert {r["label"] for r in rows} == set(CLASSES)
+    assert rows[0]["image"].shape == (12, 16, 3) and rows[0]["image"].dtype == np.uint8
+    # the parts are the epoch reader's, in its order
+    parts = [r["sample_id"] for r in dataset.take_all()]
+    reader = out.epoch(1, num_workers=3)
+    assert sorted(parts) == sorted(_ids(item for w in range(3) for item in reader.serve(w)))
