@@ -17,6 +17,8 @@ import psutil
 from . import DATA, SEED, shard_sources
 from . import __doc__ as overview
 from .photos import PHOTO_SETS, Photos, describe, own_photos, photos_for
+from .reader import add_arguments as add_reader_arguments
+from .reader import run_reader
 from .recipes import RECIPES
 from .report import (
     TARGETS,
@@ -69,6 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1,
                         help="--augment-only: use each photo K times under K keys (other "
                              "parameters): N samples from N / (views x K) photos")
+    add_reader_arguments(parser)
     args = parser.parse_args(argv)
     args.n = args.n or (200 if args.quick else PHOTO_SETS[args.photos].default_n)
     if args.n < 1 or args.repeat < 1:
@@ -181,6 +184,8 @@ def config(args: argparse.Namespace, results: Results) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reader:
+        return run_reader(args)
     if args.augment_only:
         from .runners.augment_only import run_augment_only
 
