@@ -123,16 +123,16 @@ def test_verify_catches_a_tampered_shard(finished: Path, tmp_path: Path) -> None
 
     copy = tmp_path / "copy"
     shutil.copytree(finished, copy)
-    data = copy / "data" / "part-00001.parquet"
+    data = copy / "data" / "view=0" / "part-00001.parquet"  # by_view: the default with 2 views
     table = pq.read_table(data)
     pq.write_table(table.slice(1), data)  # one image lost after commit
-    (copy / "data" / "part-00009.parquet").write_bytes(b"orphan")
+    (copy / "data" / "view=0" / "part-00009.parquet").write_bytes(b"orphan")
     result = rayaug("inspect", str(copy), "--verify")
     assert_one_line_error(
         result,
         1,
         "verify: FAILED",
-        "orphan object data/part-00009.parquet",
+        "orphan object data/view=0/part-00009.parquet",
         "part-00001: data holds 15 images, manifest 16",
     )
 

@@ -370,3 +370,23 @@ def test_an_epoch_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
     parts = [r["sample_id"] for r in dataset.take_all()]
     reader = out.epoch(1, num_workers=3)
     assert sorted(parts) == sorted(_ids(item for w in range(3) for item in reader.serve(w)))
+
+
+def test_an_output_from_before_layouts_is_read_whole(local: Location) -> None:
+    """Manifests written before layouts name no objects: the shard's one object of every
+    view is read whole (the cost the warning states), and the epoch is still exact."""
+    import pyarrow.parquet as pq
+
+    write_output(local, "webdataset", layout="by_source")
+    for shard in commit.committed_shards(local):
+        path = commit.manifest_path(shard)
+        table = pq.read_table(io.BytesIO(local.read_bytes(path)))
+        metadata = {k: v for k, v in table.schema.metadata.items() if b"layout" not in k
+                    and b"objects" not in k}
+        buffer = io.BytesIO()
+        pq.write_table(table.replace_schema_metadata(metadata), buffer)
+        local.write_bytes(path, buffer.getvalue())
+    with pytest.warns(UserWarning, match="reads 3x the bytes it serves"):
+        epoch = rayaug.open_output(local.uri).epoch(1, decode=False)
+    assert sorted(_ids(epoch)) == sorted(_view_ids(1))
+    assert epoch.stats.bytes_read == sum(size for _, size in local.list("data"))
