@@ -65,10 +65,14 @@ def committed_shards(out: Location) -> set[str]:
 
 
 def orphans(out: Location, keep: set[str], data: str = "data") -> list[str]:
-    """Objects under the `data` folder and errors/ that no manifest vouches for: left by a
-    crash (or a partial local write), never counted, removed once the job succeeds."""
+    """Objects under the `data` folder (and its view folders, `data/view=E/`) and errors/
+    that no manifest vouches for: left by a crash (or a partial local write), never counted,
+    removed once the job succeeds."""
     found = [
-        path for folder in (data, "errors") for path, _ in out.list(folder) if path not in keep
+        path
+        for folder in (data, "errors")
+        for path, _ in out.list(folder, recursive=True)
+        if path not in keep
     ]
     # A local write killed mid-way leaves its temp file (a manifest's commits nothing).
     return found + [

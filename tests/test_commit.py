@@ -217,3 +217,10 @@ def test_lease_on_s3(s3: object) -> None:
     finally:
         first.release()
     assert not out.exists(LOCK)
+
+
+def test_an_orphan_in_a_view_folder_is_found(tmp_path: Path) -> None:
+    out = open_location(str(tmp_path / "out"), StorageSpec(retries=0))
+    out.write_bytes("data/view=0/part-00000.tar", b"committed")
+    out.write_bytes("data/view=1/part-00000.tar", b"crashed before its manifest")
+    assert commit.orphans(out, {"data/view=0/part-00000.tar"}) == ["data/view=1/part-00000.tar"]

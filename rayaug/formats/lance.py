@@ -56,7 +56,10 @@ class LanceOutput(OutputFormat):
         for view, group in view_groups(samples, by_view):
             written = self._write_fragments(out, shard, group)
             fragments += written
-            objects += [DataObject(f"{self.folder}/{p}", view, len(group)) for p in _files(written)]
+            objects += [  # a fragment of one table written whole is one data file
+                DataObject(f"{self.folder}/{f.files[0].path}", view, f.physical_rows)
+                for f in written
+            ]
         return {FRAGMENTS_KEY: json.dumps([f.to_json() for f in fragments])} | objects_record(
             objects
         )
