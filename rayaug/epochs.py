@@ -30,11 +30,13 @@ import hashlib
 import itertools
 import json
 import os
+import tarfile
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayaug import codec, commit
@@ -55,6 +57,8 @@ JSON_COLUMNS = ("ops", "targets")  # manifest columns that hold JSON text: parse
 WHOLE_OBJECT = 0.9
 
 Interval = tuple[int, int]  # [start, stop) of epoch positions
+# What parsing an object's bytes raises when they are not what its format wrote.
+_CORRUPT = (tarfile.TarError, pa.ArrowException, ValueError, KeyError, OSError, EOFError)
 
 
 # ---------------------------------------------------------------- the catalogue
@@ -296,7 +300,7 @@ class _ObjectReader:
                 f"{self.output.location.uri}: data object {data.path} of committed shard "
                 f"{shard} cannot be read ({error}); `rayaug inspect --verify` lists every breach"
             ) from None
-        except Exception as error:  # bytes that do not parse: the object is corrupt
+        except _CORRUPT as error:  # bytes that do not parse: the object is corrupt
             raise UsageError(
                 f"{self.output.location.uri}: data object {data.path} of committed shard "
                 f"{shard} is corrupt ({type(error).__name__}: {error}); `rayaug inspect "
