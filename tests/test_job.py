@@ -75,7 +75,8 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
     assert progress.commits[-1] == 48  # 24 photos x 2 views
     shards = [f"part-{i:05d}" for i in range(5)]
     for shard in shards:
-        assert (out / "data" / f"{shard}.parquet").exists()
+        for view in (0, 1):  # by_view, the default with 2 views
+            assert (out / "data" / f"view={view}" / f"{shard}.parquet").exists()
         assert (out / "manifests" / f"{shard}.parquet").exists()
     for name in ("_job/spec.yaml", "_job/fingerprint.json", "_job/plan.json", "_SUCCESS"):
         assert (out / name).exists(), name
@@ -178,7 +179,7 @@ def test_same_bytes_whatever_batch_size_and_actor_count(
     first, second = manifest_digests(str(tmp_path / "a")), manifest_digests(str(tmp_path / "b"))
     assert len(first) == 48 and first == second
     for shard in ("part-00000", "part-00004"):
-        data = [(tmp_path / d / "data" / f"{shard}.parquet").read_bytes() for d in ("a", "b")]
+        data = [(tmp_path / d / "data/view=1" / f"{shard}.parquet").read_bytes() for d in "ab"]
         assert data[0] == data[1]
 
 
@@ -249,10 +250,11 @@ def test_webdataset_from_s3_to_s3(ray_cluster: str, s3, photos, tmp_path: Path) 
     run(spec)
     out = open_location(f"s3://{prefix}/out", spec.storage)
     assert verify(outputs.recorded_output(out)) == []
-    tar = out.read_bytes("data/part-00000.tar")
+    tar = out.read_bytes("data/view=0/part-00000.tar")  # by_view: the default with 2 views
     (tmp_path / "part.tar").write_bytes(tar)
     samples = list(wds.WebDataset(str(tmp_path / "part.tar"), shardshuffle=False).decode("pil"))
-    assert len(samples) == 20 and samples[0]["jpg"].size == (64, 64)
+    assert len(samples) == 10 and samples[0]["jpg"].size == (64, 64)
+    assert {s["json"]["view"] for s in samples} == {0}
     assert samples[0]["txt"] == samples[0]["json"]["label"]
     assert s3.secret_key not in out.read_bytes("_job/spec.yaml").decode()
 

@@ -110,7 +110,7 @@ def test_folder_with_coco_annotations_and_masks(ray_cluster, folder: Path, tmp_p
         masks=str(folder / "masks"),
     )
     check_boxes_follow_objects(output)
-    data = pq.read_table(tmp_path / "out" / "data" / "part-00000.parquet")
+    data = pq.read_table(tmp_path / "out" / "data")  # every view's objects, one dataset
     for mask, image in zip(
         data.column("mask").to_pylist(), data.column("image").to_pylist(), strict=True
     ):

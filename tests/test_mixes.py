@@ -430,7 +430,7 @@ def test_a_mixed_job_end_to_end_from_the_cli(ray_cluster: str, tmp_path: Path, p
     assert result.exit_code == 0, result.output
     assert "done: 48 samples in 3 shards, 0 quarantined" in result.output
     manifest = pq.read_table(tmp_path / "out" / "manifests").to_pylist()
-    data = pq.read_table(tmp_path / "out" / "data" / "part-00001.parquet").to_pylist()
+    data = pq.read_table(tmp_path / "out" / "data" / "view=1" / "part-00001.parquet").to_pylist()
     for row in data:
         assert row["soft_label"] and sum(e["weight"] for e in row["soft_label"]) == pytest.approx(1)
     files = {row["source_uri"] for row in manifest}

@@ -87,8 +87,11 @@ class ParquetOutput(ShardFile):
     extension = "parquet"
 
     def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
-        # Encoded images do not compress: zstd over them would only cost CPU.
-        return parquet_bytes(data_table(samples), compression="none")
+        # Encoded images do not compress: zstd over them would only cost CPU. No `view`
+        # column: by_view's folders `data/view=E/` are its hive partition (a reader of `data/`
+        # as one dataset would refuse a column of the same name).
+        table = data_table(samples).drop_columns(["view"])
+        return parquet_bytes(table, compression="none")
 
     def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
         column = "mask" if masks else "image"
