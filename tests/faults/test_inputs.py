@@ -213,9 +213,9 @@ def test_hostile_files_in_an_image_folder(
     assert success["quarantined"] == quarantined
     assert success["reasons"] == {"decode: DecodeError": quarantined}
 
-    for folder in ("errors", "manifests", "data"):
-        first = {p.name: p.read_bytes() for p in (outs[0] / folder).iterdir()}
-        second = {p.name: p.read_bytes() for p in (outs[1] / folder).iterdir()}
+    for folder in ("errors", "manifests", "data"):  # data/view=E/ with several views
+        first = {p.relative_to(outs[0]): p.read_bytes() for p in (outs[0] / folder).rglob("*.*")}
+        second = {p.relative_to(outs[1]): p.read_bytes() for p in (outs[1] / folder).rglob("*.*")}
         assert first == second, f"{folder}/ differs between batch sizes 4 and 32"
 
 
@@ -306,7 +306,7 @@ def test_hostile_webdataset_shards(ray_cluster: str, worker_cwd: Path, tmp_path:
 
     # The output tars name their members by shard and index, never by a source key.
     names = []
-    for tar in (out / "data").iterdir():
+    for tar in (out / "data").rglob("*.tar"):  # data/view=E/ with several views
         with tarfile.open(tar) as archive:
             names += archive.getnames()
     assert len(names) == 2 * len(rows) + 2 * VIEWS  # image + json each, txt if labelled
@@ -483,12 +483,15 @@ def test_error_budget_stops_the_job_and_a_raised_budget_resumes_it(
     assert over.exit_code == 1, over.output
     assert "Traceback" not in over.output
     (line,) = _error_lines(over.stderr)
-    assert "error budget exceeded: 5 of 25 samples quarantined (max_error_rate 0.1)" in line
-    assert "decode: DecodeError ×5" in line  # the reasons, counted
+    # Shards mix their sources (drawn by the seed): the bad files spread over several shards,
+    # and the job stops at the first count over 10 % of 25.
+    stopped = re.search(r"error budget exceeded: (\d) of 25 samples quarantined", line)
+    assert stopped and int(stopped.group(1)) >= 3 and "(max_error_rate 0.1)" in line
+    assert f"decode: DecodeError ×{stopped.group(1)}" in line  # the reasons, counted
     assert "errors.max_error_rate" in line and f"rayaug inspect {out}" in line
     assert not (out / "_SUCCESS").exists() and not (out / "_job" / "lock").exists()
     status = json.loads(_cli("status", str(out), "--json").stdout)
-    assert status["state"] == "incomplete" and status["quarantined"] == 5
+    assert status["state"] == "incomplete" and status["quarantined"] >= int(stopped.group(1))
     manifests = out / "manifests"
     kept = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in manifests.iterdir()}
     assert kept  # the shards committed before the stop are kept...
@@ -499,7 +502,7 @@ def test_error_budget_stops_the_job_and_a_raised_budget_resumes_it(
     assert under.exit_code == 0, under.output
     summary = json.loads(under.stdout)
     assert summary["samples"] == good and summary["quarantined"] == bad
-    assert summary["samples_this_run"] <= good + bad - 5 * len(kept)
+    assert summary["samples_this_run"] <= good + bad - 5 * len(kept)  # shards of 5 sources
     for name, stamp in kept.items():  # ...and not redone (a rewrite is a new file)
         path = manifests / name
         assert (path.stat().st_ino, path.stat().st_mtime_ns) == stamp, name
