@@ -351,7 +351,7 @@ def test_a_plain_ray_head_runs_the_job_with_shipped_requirements(
     assert len(sample_ids) == len(set(sample_ids)) == 16, printed
     import webdataset
 
-    tars = sorted(str(p) for p in (out / "data").glob("*.tar"))
+    tars = sorted(str(p) for p in (out / "data").rglob("*.tar"))  # data/view=E/ (by_view)
     samples = list(webdataset.WebDataset(tars, shardshuffle=False, empty_check=False))
     assert len(samples) == 16
     assert all(sample["jpg"][:2] == b"\xff\xd8" for sample in samples)  # JPEG bytes

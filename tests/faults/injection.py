@@ -476,10 +476,13 @@ def output_digests(out: Path) -> dict[str, str]:
     for manifest_file in sorted((out / "manifests").glob("*.parquet")):
         shard = manifest_file.name.removesuffix(".parquet")
         manifest = pq.read_table(manifest_file, columns=["sample_id", "sha256"]).to_pylist()
-        data = pq.read_table(
-            io.BytesIO((out / "data" / f"{shard}.parquet").read_bytes()),
-            columns=["sample_id", "image"],
-        ).to_pylist()
+        data = [  # by_view (VIEWS > 1): one object per view, data/view=E/<shard>.parquet
+            row
+            for path in sorted((out / "data").rglob(f"{shard}.parquet"))
+            for row in pq.read_table(
+                io.BytesIO(path.read_bytes()), columns=["sample_id", "image"]
+            ).to_pylist()
+        ]
         images = {row["sample_id"]: hashlib.sha256(row["image"]).hexdigest() for row in data}
         assert len(images) == len(data), f"{shard}: a sample twice in one data file"
         recorded = {row["sample_id"]: row["sha256"] for row in manifest}
@@ -496,8 +499,8 @@ def uncommitted_objects(out: Path) -> list[str]:
     found = [
         str(p.relative_to(out))
         for folder in ("data", "errors")
-        for p in (out / folder).glob("*")
-        if p.name.split(".")[0] not in committed
+        for p in (out / folder).rglob("*")
+        if p.is_file() and p.name.split(".")[0] not in committed
     ]
     return found + [str(p.relative_to(out)) for p in out.rglob("*.tmp-*")]
 

@@ -129,7 +129,7 @@ def test_killed_between_data_and_manifest(job, tmp_path: Path) -> None:
     # may still commit meanwhile; on 2 CPUs Ray Data mostly runs one write at a time, so the
     # paused one holds the others back.)
     injection.wait_for(marker.exists, driver, f"{shard} to pause before its manifest")
-    orphan = out / "data" / f"{shard}.parquet"
+    orphan = out / "data" / "view=1" / f"{shard}.parquet"  # by_view: its last data object
     assert orphan.exists() and shard not in _manifests(out)
     orphan_bytes, orphan_inode = orphan.read_bytes(), orphan.stat().st_ino
     # The orphan is never counted: status counts committed shards only, and verify names it.
@@ -140,13 +140,13 @@ def test_killed_between_data_and_manifest(job, tmp_path: Path) -> None:
     assert len(before) <= status["shards_committed"] <= len(after) and shard not in after
     assert status["samples_committed"] == status["shards_committed"] * PER_SHARD
     breaches = _verify(out)
-    assert f"orphan object data/{shard}.parquet" in breaches
+    assert f"orphan object data/view=1/{shard}.parquet" in breaches
     assert f"shard {shard} is not committed" in breaches
     assert not any("appears" in b or "mismatch" in b for b in breaches)
     driver.kill()
     at_kill = _manifests(out)
     assert shard not in at_kill and _status(out)["state"] == "incomplete"
-    assert f"data/{shard}.parquet" in injection.uncommitted_objects(out)
+    assert f"data/view=1/{shard}.parquet" in injection.uncommitted_objects(out)
 
     resumed = _resume(data)
     # Committed shards were counted, not redone; the orphan was not trusted: its shard was
@@ -198,7 +198,8 @@ def _written(out: Path) -> set[tuple[str, int]]:
         (str(p.relative_to(out)), p.stat().st_mtime_ns)
         for folder in ("data", "errors", "manifests")
         if (out / folder).exists()
-        for p in (out / folder).iterdir()
+        for p in (out / folder).rglob("*")
+        if p.is_file()
     }
 
 
