@@ -51,7 +51,7 @@ class Input:
     def __init__(self, folder: Path, spec: JobSpec, shard_size: int = 6) -> None:
         self.location = open_location(str(folder), spec.storage)
         self.spec = spec
-        listing = list_input(self.location, spec.input, shard_size)
+        listing = list_input(self.location, spec.input, shard_size, spec.seed)
         self.units = listing.units
         self.index = SourceIndex(self.location, spec.input, listing.format, listing.units)
 
