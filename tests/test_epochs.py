@@ -381,8 +381,11 @@ def test_an_output_from_before_layouts_is_read_whole(local: Location) -> None:
     for shard in commit.committed_shards(local):
         path = commit.manifest_path(shard)
         table = pq.read_table(io.BytesIO(local.read_bytes(path)))
-        metadata = {k: v for k, v in table.schema.metadata.items() if b"layout" not in k
-                    and b"objects" not in k}
+        metadata = {
+            k: v
+            for k, v in table.schema.metadata.items()
+            if b"layout" not in k and b"objects" not in k
+        }
         buffer = io.BytesIO()
         pq.write_table(table.replace_schema_metadata(metadata), buffer)
         local.write_bytes(path, buffer.getvalue())
