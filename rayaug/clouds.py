@@ -140,9 +140,10 @@ def _gcs(root: str, storage: StorageSpec) -> Backend:
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     endpoint = storage.endpoint or emulator
     options: dict = {
-        # Google's client retries inside one call for this long at most; past it the error
-        # reaches `retrying`, as the AWS SDK's three attempts do.
-        "retry_time_limit": datetime.timedelta(seconds=storage.request_timeout),
+        # Google's client retries inside one call for this long at most (it would retry a
+        # refused connection for 15 minutes); past it the error reaches `retrying`, which
+        # owns the backoff, as after the AWS SDK's three attempts.
+        "retry_time_limit": datetime.timedelta(seconds=storage.connect_timeout),
     }
     if endpoint:
         scheme, netloc = _endpoint(endpoint)
@@ -232,7 +233,9 @@ class AzurePut:
         )
 
         container, _, blob = path.partition("/")
-        client = _blob_service(self.account_url, self.account, self.connect_timeout)
+        client = _blob_service(
+            self.account_url, self.account, self.connect_timeout, _azure_secret()
+        )
         try:
             client.get_blob_client(container, blob).upload_blob(
                 data, overwrite=True, timeout=int(self.read_timeout)
@@ -250,13 +253,15 @@ def _azure_code(error: Exception) -> str:
 
 
 @functools.cache
-def _blob_service(account_url: str, account: str, connect_timeout: float):
-    """One Azure SDK client per account and process (it holds a connection pool)."""
+def _blob_service(
+    account_url: str, account: str, connect_timeout: float, secret: tuple[str, str] | None
+):
+    """One Azure SDK client per account, credential and process (it holds a connection pool);
+    `secret` as the environment gives it now (_azure_secret)."""
     try:
         from azure.storage.blob import BlobServiceClient
     except ImportError:
         raise UsageError("az:// outputs need the Azure SDK: pip install 'rayaug[azure]'") from None
-    secret = _azure_secret()
     if secret is None:
         from azure.identity import DefaultAzureCredential
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from rayaug import clouds
@@ -51,8 +53,16 @@ _PERMANENT = (
 )
 
 
+def _is_sdk_status(error: BaseException) -> bool:
+    """A storage SDK's status that pyarrow raised as a non-OSError Arrow error (Google's client
+    reports a credential it cannot load as UNKNOWN or INVALID_ARGUMENT)."""
+    return "google::cloud::Status(" in str(error)
+
+
 def _is_permanent(error: BaseException) -> bool:
     if isinstance(error, FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return True
+    if not isinstance(error, OSError):  # an SDK status that is no I/O error: a setting is wrong
         return True
     return any(marker in str(error) for marker in _PERMANENT)
 
@@ -69,7 +79,9 @@ def retrying(
     for attempt in range(attempts + 1):
         try:
             return _within(work, deadline)
-        except OSError as error:
+        except (OSError, pa.ArrowException) as error:
+            if not isinstance(error, OSError) and not _is_sdk_status(error):
+                raise  # an Arrow error of the data (a corrupt Parquet file), not of storage
             if _is_permanent(error) or attempt == attempts:
                 raise StorageError(f"{what}: {_one_line(error)}") from None
             delay = min(base_delay * 2**attempt, 15.0) * (0.5 + random.random())
@@ -110,8 +122,14 @@ def _within(work: Callable[[], T], deadline: float | None) -> T:
     return outcome["value"]  # type: ignore[return-value]
 
 
+# Google's statuses bury their reason in a long retry-policy message.
+_GOOGLE_REASON = re.compile(r"underlying error message was: (.*?)(?: error_info=|$)")
+
+
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300] or type(error).__name__
+    text = " ".join(str(error).split())
+    reason = _GOOGLE_REASON.search(text)
+    return (reason.group(1) if reason else text)[:300] or type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -252,7 +270,7 @@ def check_reachable(location: Location, must_exist: bool) -> None:
     """Fail fast, before Ray starts, on a wrong endpoint, credentials or missing input."""
     try:
         info = _within(lambda: location.fs.get_file_info(location.root), location.deadline)
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         raise UsageError(f"cannot access {location.uri}: {_explain(location, error)}") from None
     role = "input" if must_exist else "output"
     if info.type == pafs.FileType.File:  # listing or writing under it would fail much later
@@ -299,11 +317,12 @@ _REFUSED = (
     "InvalidAuthenticationInfo",
     "credential",  # Google's and Azure's credential chains: "Could not ... credentials"
     "Credential",
+    "OAuth2",
 )
 _UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNAVAILABLE", "no answer")
 
 
-def _explain(location: Location, error: OSError) -> str:
+def _explain(location: Location, error: Exception) -> str:
     text = _one_line(error)
     if any(marker in text for marker in _REFUSED):
         unset = ""
