@@ -81,6 +81,13 @@ class Azurite(ProcessServer):
         except OSError:
             return False
 
+    def outage(self) -> None:
+        """Stopped, not killed: Azurite keeps its blob index in a LokiJS database it saves every
+        few seconds, so a SIGKILL loses the blobs of its last seconds (seen: a committed
+        manifest gone after the restart). That is the emulator's durability, not the
+        service's; to the client, a stopped server is the same outage."""
+        self.stop()
+
     def create_bucket(self, name: str) -> None:
         """Create container `name` (the same call as the other servers' buckets)."""
         self.filesystem().create_dir(name)

@@ -102,6 +102,10 @@ class ProcessServer:
         """SIGKILL, as in a crash or an outage."""
         self._end(signal.SIGKILL, 10.0)
 
+    def outage(self) -> None:
+        """Go down as in an outage (start() brings it back with its data)."""
+        self.kill()
+
     def restart(self, timeout: float = 60.0) -> None:
         self.stop()
         self.start(timeout)

@@ -167,7 +167,7 @@ def test_job_survives_an_emulator_outage_mid_job(
         worker.start()
         try:
             wait_for(lambda: committed(out) >= 2, worker.is_alive, "two committed shards")
-            server.kill()
+            server.outage()
             killed = time.monotonic()
             retried: list[str] = []
             while time.monotonic() < killed + 4 or (not retried and time.monotonic() < killed + 90):
