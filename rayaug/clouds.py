@@ -55,18 +55,24 @@ class Backend:
 
 def open_cloud(uri: str, storage: StorageSpec) -> Backend:
     """The backend of an s3, gs, az or abfs URI. Raises UsageError when malformed."""
-    parsed = urlparse(uri)
-    scheme = parsed.scheme
-    if not parsed.netloc or parsed.netloc.startswith("@"):
-        form = "CONTAINER" if scheme in AZURE_SCHEMES else "BUCKET"
-        raise UsageError(f"{uri!r} names no {form.lower()}: use {scheme}://{form}/PREFIX")
-    bucket, _, host = parsed.netloc.partition("@")
-    root = f"{bucket}/{parsed.path.strip('/')}".rstrip("/")
+    scheme = urlparse(uri).scheme
+    root = path_of(uri)
+    host = urlparse(uri).netloc.partition("@")[2]
     if scheme == "s3":
         return _s3(root, storage)
     if scheme == "gs":
         return _gcs(root, storage)
     return _azure(root, host.split(".", 1)[0] or None, storage)
+
+
+def path_of(uri: str) -> str:
+    """BUCKET/PREFIX (CONTAINER/PREFIX) of a cloud URI, as its filesystem names it."""
+    parsed = urlparse(uri)
+    if not parsed.netloc or parsed.netloc.startswith("@"):
+        form = "CONTAINER" if parsed.scheme in AZURE_SCHEMES else "BUCKET"
+        raise UsageError(f"{uri!r} names no {form.lower()}: use {parsed.scheme}://{form}/PREFIX")
+    bucket = parsed.netloc.partition("@")[0]
+    return f"{bucket}/{parsed.path.strip('/')}".rstrip("/")
 
 
 def credential_hint(scheme: str) -> str:

@@ -130,6 +130,11 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.tj3SetScalingFactor.argtypes = [handle, _Scaling]
     library.tj3SetCroppingRegion.argtypes = [handle, _Region]
     library.tj3Decompress8.argtypes = [
-        handle, ctypes.c_char_p, size, ctypes.c_void_p, ctypes.c_int, ctypes.c_int
+        handle,
+        ctypes.c_char_p,
+        size,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
     ]
     return library

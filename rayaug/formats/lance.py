@@ -66,9 +66,11 @@ class LanceOutput(OutputFormat):
         for path in _files(_fragments(out, shard)):
             uri = out.uri_of(f"{self.folder}/{path}")
             table = retrying(
-                lambda u=uri: lance.file.LanceFileReader(u, out.storage_options, columns=columns)
-                .read_all()
-                .to_table(),
+                lambda u=uri: (
+                    lance.file.LanceFileReader(u, out.storage_options, columns=columns)
+                    .read_all()
+                    .to_table()
+                ),
                 f"reading {uri}",
                 out.attempts,
             )
