@@ -240,7 +240,7 @@ class AzurePut:
 
         container, _, blob = path.partition("/")
         client = _blob_service(
-            self.account_url, self.account, self.connect_timeout, _azure_secret()
+            self.account_url, self.account, self.connect_timeout, self.read_timeout, _azure_secret()
         )
         try:
             client.get_blob_client(container, blob).upload_blob(
@@ -260,7 +260,11 @@ def _azure_code(error: Exception) -> str:
 
 @functools.cache
 def _blob_service(
-    account_url: str, account: str, connect_timeout: float, secret: tuple[str, str] | None
+    account_url: str,
+    account: str,
+    connect_timeout: float,
+    read_timeout: float,
+    secret: tuple[str, str] | None,
 ):
     """One Azure SDK client per account, credential and process (it holds a connection pool);
     `secret` as the environment gives it now (_azure_secret)."""
@@ -276,7 +280,13 @@ def _blob_service(
         credential = {"account_name": account, "account_key": secret[1]}
     else:
         credential = secret[1]
-    # Its own retries are few: `retrying` owns the backoff, as with the other clouds.
+    # No retries of its own: the storage SDK's policy waits 15 s, then 18 s (a refused
+    # connection took 42 s to report); `retrying` owns the backoff, as with the other clouds.
+    # Its read timeout is a stall timeout (seconds without a byte), like the AWS SDK's.
     return BlobServiceClient(
-        account_url, credential=credential, retry_total=2, connection_timeout=connect_timeout
+        account_url,
+        credential=credential,
+        retry_total=0,
+        connection_timeout=connect_timeout,
+        read_timeout=read_timeout,
     )

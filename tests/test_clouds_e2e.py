@@ -2,7 +2,7 @@
 
 Each cloud: the driver (a subprocess on the session Ray, as `rayaug run` is) is SIGKILLed
 mid-job, and the job resumed, giving the uninterrupted local run's output byte for byte;
-`inspect --verify` and `replay` read the output where it lies. Then an emulator of the test
+`inspect --verify`, `replay` and `diff` read the output where it lies. Then an emulator of the test
 alone is killed mid-job and restarted: the writes retry and the job completes, the same again.
 The session Ray's workers found the emulators the way a node's workers do: from their
 environment (STORAGE_EMULATOR_HOST; AZURE_STORAGE_CONNECTION_STRING, key included).
@@ -121,6 +121,8 @@ def test_job_killed_and_resumed_equals_an_uninterrupted_run(
     replayed = cli("replay", out.uri, sample, "-o", str(tmp_path / "replayed.jpg"))
     assert replayed.exit_code == 0, replayed.output
     assert "identical" in replayed.output
+    diffed = cli("diff", out.uri, clean.uri)  # a cloud output against the local one
+    assert diffed.exit_code == 0, diffed.output
 
 
 def own_emulator(scheme: str, request: pytest.FixtureRequest, root: Path):
