@@ -10,6 +10,7 @@ environment (STORAGE_EMULATOR_HOST; AZURE_STORAGE_CONNECTION_STRING, key include
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from gcsserver import GcsEmulator
 
 from rayaug import sampledata
 from rayaug.cli import main
+from rayaug.diff import CATEGORIES
 from rayaug.job import RunOptions, run_job
 from rayaug.spec import StorageSpec, parse_spec
 from rayaug.storage import Location, open_location
@@ -121,8 +123,12 @@ def test_job_killed_and_resumed_equals_an_uninterrupted_run(
     replayed = cli("replay", out.uri, sample, "-o", str(tmp_path / "replayed.jpg"))
     assert replayed.exit_code == 0, replayed.output
     assert "identical" in replayed.output
-    diffed = cli("diff", out.uri, clean.uri)  # a cloud output against the local one
-    assert diffed.exit_code == 0, diffed.output
+    # Against the local run: the same samples, parameters and bytes; only the input's URI
+    # differs (which `diff` counts as a spec difference).
+    diffed = json.loads(cli("diff", out.uri, clean.uri, "--json").output)
+    assert diffed["in_both"] == PHOTOS * VIEWS
+    assert all(diffed[name]["count"] == 0 for name in CATEGORIES), diffed
+    assert [change["path"] for change in diffed["spec"]] == ["input.uri"], diffed["spec"]
 
 
 def own_emulator(scheme: str, request: pytest.FixtureRequest, root: Path):
