@@ -51,6 +51,9 @@ FORWARDED_ENV = (
     "AWS_ENDPOINT_URL_S3",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
+    "STORAGE_EMULATOR_HOST",  # gs://: an emulator's address (no secret: it takes none)
+    "AZURE_STORAGE_ACCOUNT_NAME",  # az://: the account's name (its key stays behind)
+    "AZURE_STORAGE_ACCOUNT",
 )
 # Shards in flight per actor: one's reads and writes wait on storage while another augments.
 # A job with fewer shards than that fills (fewer than CALLS_PER_ACTOR per actor) gets one call

@@ -112,12 +112,14 @@ class ErrorPolicy(Model):
 
 
 class StorageSpec(Model):
-    """S3 endpoint and region; credentials come only from the AWS environment, never the spec."""
+    """Where the cloud storage is; credentials come only from each cloud's own environment and
+    credential chain, never the spec (rayaug.clouds)."""
 
-    endpoint: str | None = None
-    region: str | None = None
+    endpoint: str | None = None  # the S3, GCS or Azure Blob endpoint (an emulator, say)
+    region: str | None = None  # S3
+    account: str | None = None  # the Azure storage account of az:// URIs
     retries: int = Field(6, ge=0, le=50)
-    # Deadlines of every S3 call: a server that accepts a connection and never answers (or
+    # Deadlines of every storage call: a server that accepts a connection and never answers (or
     # stalls mid-answer) would otherwise hold its shard's actor forever. Past either one the
     # call is a transient error, retried with the same backoff as any other.
     connect_timeout: float = Field(10.0, gt=0, le=600)  # seconds to open a connection

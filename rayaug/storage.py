@@ -1,7 +1,9 @@
-"""URIs to filesystems (local disk or S3-compatible), with retries and atomic writes.
+"""URIs to filesystems (local disk, S3, Google Cloud Storage, Azure Blob Storage), with retries,
+call deadlines and atomic writes: one storage layer for every scheme.
 
-Credentials are never taken from the spec: pyarrow reads the standard AWS environment and
-config files. The endpoint and region may come from the spec or AWS_ENDPOINT_URL / AWS_REGION.
+Credentials are never taken from the spec: each cloud's own SDK finds them the way its users
+set them (rayaug.clouds says where). The endpoint (and S3's region, Azure's account) may come
+from the spec or from that cloud's usual environment variables.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -17,8 +21,10 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
+from rayaug import clouds
 from rayaug.errors import StorageError, UsageError
 from rayaug.spec import StorageSpec
 
@@ -35,21 +41,47 @@ _PERMANENT = (
     "NoSuchBucket",
     "NO_SUCH_BUCKET",
     "INVALID_ACCESS_KEY",
+    # Google Cloud Storage (google-cloud-cpp's status codes)
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    # Azure Blob Storage (its error codes)
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ContainerNotFound",
+    "InvalidAuthenticationInfo",
 )
+
+
+def _is_sdk_status(error: BaseException) -> bool:
+    """A storage SDK's status that pyarrow raised as a non-OSError Arrow error (Google's client
+    reports a credential it cannot load as UNKNOWN or INVALID_ARGUMENT)."""
+    return "google::cloud::Status(" in str(error)
 
 
 def _is_permanent(error: BaseException) -> bool:
     if isinstance(error, FileNotFoundError | IsADirectoryError | NotADirectoryError):
         return True
+    if not isinstance(error, OSError):  # an SDK status that is no I/O error: a setting is wrong
+        return True
     return any(marker in str(error) for marker in _PERMANENT)
 
 
-def retrying(work: Callable[[], T], what: str, attempts: int, base_delay: float = 0.5) -> T:
-    """Run `work`, retrying transient OSErrors with exponential backoff and jitter."""
+def retrying(
+    work: Callable[[], T],
+    what: str,
+    attempts: int,
+    base_delay: float = 0.5,
+    deadline: float | None = None,
+) -> T:
+    """Run `work`, retrying transient OSErrors with exponential backoff and jitter. With a
+    `deadline` (seconds), a try that has not ended by then counts as a transient failure."""
     for attempt in range(attempts + 1):
         try:
-            return work()
-        except OSError as error:
+            return _within(work, deadline)
+        except (OSError, pa.ArrowException) as error:
+            if not isinstance(error, OSError) and not _is_sdk_status(error):
+                raise  # an Arrow error of the data (a corrupt Parquet file), not of storage
             if _is_permanent(error) or attempt == attempts:
                 raise StorageError(f"{what}: {_one_line(error)}") from None
             delay = min(base_delay * 2**attempt, 15.0) * (0.5 + random.random())
@@ -65,13 +97,44 @@ def retrying(work: Callable[[], T], what: str, attempts: int, base_delay: float 
     raise AssertionError("unreachable")
 
 
+def _within(work: Callable[[], T], deadline: float | None) -> T:
+    """`work()`, or TimeoutError once `deadline` seconds pass without its end. A native call
+    cannot be cancelled: a stalled one is left to its daemon thread (an object write it may
+    still finish carries the same bytes as the retry's)."""
+    if deadline is None:
+        return work()
+    outcome: dict[str, object] = {}
+    ended = threading.Event()
+
+    def call() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the caller below
+            outcome["error"] = error
+        finally:
+            ended.set()
+
+    threading.Thread(target=call, name="rayaug-storage-call", daemon=True).start()
+    if not ended.wait(deadline):
+        raise TimeoutError(f"no answer within {deadline:g} s (storage.request_timeout)")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
+
+
+# Google's statuses bury their reason in a long retry-policy message.
+_GOOGLE_REASON = re.compile(r"underlying error message was: (.*?)(?: error_info=|$)")
+
+
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300] or type(error).__name__
+    text = " ".join(str(error).split())
+    reason = _GOOGLE_REASON.search(text)
+    return (reason.group(1) if reason else text)[:300] or type(error).__name__
 
 
 @dataclass(frozen=True)
 class Location:
-    """A root on one filesystem (an output prefix, an input prefix) and how to retry on it."""
+    """A root on one filesystem (an output prefix, an input prefix) and how to call it."""
 
     uri: str
     fs: pafs.FileSystem
@@ -80,10 +143,19 @@ class Location:
     # The same endpoint and region for an engine that opens `uri` itself (Lance's object store,
     # in its option names); credentials stay in the environment, as for pyarrow.
     storage_options: dict[str, str] = field(default_factory=dict, compare=False)
+    # Seconds a call may take where the SDK bounds none itself (rayaug.clouds); None: no bound.
+    deadline: float | None = field(default=None, compare=False)
+    # An atomic write of a whole object where the filesystem's output stream is not one.
+    put: Callable[[str, bytes], None] | None = field(default=None, compare=False)
 
     @property
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
+    def scheme(self) -> str:
+        """The URI scheme ("file" for a local path): what its hints and messages name."""
+        return "file" if self.is_local else self.uri.split("://", 1)[0]
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
@@ -97,23 +169,27 @@ class Location:
             return False
         return other.root == self.root or other.root.startswith(f"{self.root.rstrip('/')}/")
 
+    def retrying(self, work: Callable[[], T], what: str) -> T:
+        """`work` with this location's retries and call deadline."""
+        return retrying(work, what, self.attempts, deadline=self.deadline)
+
     def read_bytes(self, relative: str) -> bytes:
         def read() -> bytes:
             with self.fs.open_input_stream(self.path(relative)) as stream:
                 return stream.read()
 
-        return retrying(read, f"reading {self.uri_of(relative)}", self.attempts)
+        return self.retrying(read, f"reading {self.uri_of(relative)}")
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """Write whole or not at all: S3 objects appear atomically; local files are renamed."""
-        retrying(
-            lambda: self._write_once(relative, data),
-            f"writing {self.uri_of(relative)}",
-            self.attempts,
-        )
+        """Write whole or not at all: S3 and GCS objects appear atomically when their upload
+        completes, Azure blobs when their Put Blob commits; local files are renamed."""
+        self.retrying(lambda: self._write_once(relative, data), f"writing {self.uri_of(relative)}")
 
     def _write_once(self, relative: str, data: bytes) -> None:
         target = self.path(relative)
+        if self.put is not None:
+            self.put(target, data)
+            return
         if not self.is_local:
             with self.fs.open_output_stream(target) as stream:
                 stream.write(data)
@@ -134,7 +210,7 @@ class Location:
         def probe() -> bool:
             return self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
 
-        return retrying(probe, f"checking {self.uri_of(relative)}", self.attempts)
+        return self.retrying(probe, f"checking {self.uri_of(relative)}")
 
     def list(self, relative: str = "", recursive: bool = False) -> list[tuple[str, int]]:
         """(path relative to the root, size) of the files under a folder, sorted; [] if none."""
@@ -144,7 +220,7 @@ class Location:
             selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
             return self.fs.get_file_info(selector)
 
-        infos = retrying(scan, f"listing {self.uri_of(relative)}", self.attempts)
+        infos = self.retrying(scan, f"listing {self.uri_of(relative)}")
         files = [
             (info.path[len(self.root) + 1 :], info.size or 0)
             for info in infos
@@ -167,100 +243,100 @@ class Location:
                 if tries == 1:
                     raise
 
-        retrying(remove, f"deleting {self.uri_of(relative)}", self.attempts)
-
-
-def _s3_filesystem(storage: StorageSpec) -> tuple[pafs.S3FileSystem, dict[str, str]]:
-    """pyarrow's S3 filesystem, and the same endpoint and region as object-store options."""
-    endpoint = (
-        storage.endpoint
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    region = (
-        storage.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    ) or "us-east-1"
-    options: dict = {
-        "region": region,
-        # The AWS SDK applies request_timeout as "less than 1 byte/s for that long": a stalled
-        # call (no answer, or an answer that stops) fails with curlCode 28, an OSError that
-        # `retrying` treats as transient.
-        "connect_timeout": storage.connect_timeout,
-        "request_timeout": storage.request_timeout,
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
-    }
-    store = {"region": region}
-    if endpoint:
-        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
-        if not parsed.hostname:
-            raise UsageError(f"storage.endpoint {endpoint!r} is not a URL like http://host:port")
-        options |= {"endpoint_override": parsed.netloc, "scheme": parsed.scheme}
-        store |= {"endpoint": f"{parsed.scheme}://{parsed.netloc}"}
-        if parsed.scheme == "http":
-            store |= {"allow_http": "true"}
-    return pafs.S3FileSystem(**options), store
+        self.retrying(remove, f"deleting {self.uri_of(relative)}")
 
 
 def open_location(uri: str, storage: StorageSpec) -> Location:
-    """Resolve a local path, file:// or s3://bucket/prefix URI. Raises UsageError if malformed."""
+    """Resolve a local path, file:// or cloud URI (rayaug.clouds). UsageError if malformed."""
     parsed = urlparse(uri)
     attempts = storage.retries
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise UsageError(f"{uri!r} names no bucket: use s3://BUCKET/PREFIX")
-        root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
-        filesystem, store = _s3_filesystem(storage)
-        return Location(uri.rstrip("/"), filesystem, root, attempts, store)
+    if parsed.scheme in clouds.SCHEMES:
+        backend = clouds.open_cloud(uri, storage)
+        return Location(
+            uri.rstrip("/"),
+            backend.fs,
+            backend.root,
+            attempts,
+            backend.storage_options,
+            deadline=backend.deadline,
+            put=backend.put,
+        )
     if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
         raise UsageError(f"{uri!r}: file:// URIs name no host (use file:///path)")
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else uri).expanduser().resolve()
         return Location(str(path), pafs.LocalFileSystem(), str(path), attempts)
-    raise UsageError(f"{uri!r}: unsupported URI scheme {parsed.scheme!r} (use a path or s3://)")
+    raise UsageError(
+        f"{uri!r}: unsupported URI scheme {parsed.scheme!r} "
+        "(use a path, s3://, gs://, az:// or abfs://)"
+    )
 
 
 def check_reachable(location: Location, must_exist: bool) -> None:
     """Fail fast, before Ray starts, on a wrong endpoint, credentials or missing input."""
     try:
-        info = location.fs.get_file_info(location.root)
-    except OSError as error:
-        raise UsageError(f"cannot access {location.uri}: {_explain(error)}") from None
+        info = _within(lambda: location.fs.get_file_info(location.root), location.deadline)
+    except (OSError, pa.ArrowException) as error:
+        raise UsageError(f"cannot access {location.uri}: {_explain(location, error)}") from None
     role = "input" if must_exist else "output"
     if info.type == pafs.FileType.File:  # listing or writing under it would fail much later
         holds = "the images or shards" if must_exist else "the job's output"
         raise UsageError(
             f"{role} {location.uri} is a file, not a folder: set {role}.uri to the folder "
-            f"(or S3 prefix) for {holds}"
+            f"(or bucket prefix) for {holds}"
         )
     if info.type == pafs.FileType.NotFound:
         bucket = _missing_bucket(location)
         if bucket is not None:
+            kind = "container" if location.scheme in clouds.AZURE_SCHEMES else "bucket"
             raise UsageError(
-                f"{role} {location.uri}: there is no bucket {bucket!r} at this endpoint; "
-                f"create it, or check {role}.uri and storage.endpoint / AWS_ENDPOINT_URL"
+                f"{role} {location.uri}: there is no {kind} {bucket!r} at this endpoint; "
+                f"create it, or check {role}.uri and {clouds.endpoint_hint(location.scheme)}"
             )
         if must_exist:
             raise UsageError(f"input {location.uri} does not exist")
 
 
 def _missing_bucket(location: Location) -> str | None:
-    """The bucket of an S3 location when the server says it does not exist; else None."""
+    """The bucket (container) of a cloud location when the server says it does not exist."""
     if location.is_local:
         return None
     bucket = location.root.split("/", 1)[0]
     try:
-        missing = location.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+        info = _within(lambda: location.fs.get_file_info(bucket), location.deadline)
     except OSError:
         return None
-    return bucket if missing else None
+    return bucket if info.type == pafs.FileType.NotFound else None
 
 
-def _explain(error: OSError) -> str:
+# How each SDK words a refused credential, and a server that is not there.
+_REFUSED = (
+    "InvalidAccessKeyId",
+    "INVALID_ACCESS_KEY",
+    "SignatureDoesNotMatch",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "ACCESS_DENIED",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "InvalidAuthenticationInfo",
+    "credential",  # Google's and Azure's credential chains: "Could not ... credentials"
+    "Credential",
+    "OAuth2",
+)
+_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNAVAILABLE", "no answer")
+
+
+def _explain(location: Location, error: Exception) -> str:
     text = _one_line(error)
-    credentials = ("InvalidAccessKeyId", "INVALID_ACCESS_KEY", "SignatureDoesNotMatch")
-    if any(m in text for m in (*credentials, "SIGNATURE_DOES_NOT_MATCH", "ACCESS_DENIED")):
-        unset = "" if os.environ.get("AWS_ACCESS_KEY_ID") else "; AWS_ACCESS_KEY_ID is not set"
-        return f"credentials refused ({text}{unset}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
-    if "NETWORK_CONNECTION" in text or "Couldn't connect" in text or "curlCode" in text:
-        return f"endpoint unreachable ({text}); check storage.endpoint / AWS_ENDPOINT_URL"
+    if any(marker in text for marker in _REFUSED):
+        unset = ""
+        if location.scheme == "s3" and not os.environ.get("AWS_ACCESS_KEY_ID"):
+            unset = "; AWS_ACCESS_KEY_ID is not set"
+        hint = clouds.credential_hint(location.scheme)
+        return f"{location.scheme}:// credentials refused or missing ({text}{unset}); {hint}"
+    if any(marker in text for marker in _UNREACHABLE):
+        hint = clouds.endpoint_hint(location.scheme)
+        return f"endpoint unreachable ({text}); check {hint}"
     return text

@@ -6,8 +6,9 @@ exit 2), then `python -m rayaug.cli run <spec>` on the cluster. Its runtime_env 
 - `working_dir`: a temporary folder holding the resolved spec (local paths made absolute) and
   the modules the preflight looks for (`preflight.REQUIREMENTS_FILE`);
 - `py_modules`: this installed `rayaug` package, so the cluster runs the code the user has;
-- `pip` (unless `ship_deps=False`): rayaug's runtime requirements pinned to the versions
-  installed here, so a cluster whose Python has only Ray can run the job. Never Ray itself
+- `pip` (unless `ship_deps=False`): rayaug's runtime requirements (and the Azure SDK for a
+  job that writes to az://) pinned to the versions installed here, so a cluster whose Python
+  has only Ray can run the job. Never Ray itself
   (only its extras rayaug needs, at the cluster's own Ray version) and torch only on request
   (its build must match the cluster's CUDA). Ray builds this environment once per node, on top
   of the node's Python (a clone of its virtualenv, or `--system-site-packages`), and reuses it
@@ -53,7 +54,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from rayaug import preflight
+from rayaug import clouds, preflight
 from rayaug.errors import RayaugError, UsageError
 from rayaug.spec import JobSpec, dump_spec
 
@@ -97,7 +98,9 @@ def submit_job(
         (Path(working_dir) / spec_name).write_text(dump_spec(resolved))
         (Path(working_dir) / preflight.REQUIREMENTS_FILE).write_text(
             json.dumps(
-                required_modules(_needs_device_path(spec, ship_torch)), indent=1, sort_keys=True
+                required_modules(_needs_device_path(spec, ship_torch), _writes_azure(spec)),
+                indent=1,
+                sort_keys=True,
             )
         )
         runtime_env: dict = {
@@ -107,7 +110,9 @@ def submit_job(
         }
         if ship_deps:
             runtime_env["pip"] = {
-                "packages": shipped_requirements(cluster_ray, ship_torch=ship_torch),
+                "packages": shipped_requirements(
+                    cluster_ray, ship_torch=ship_torch, azure=_writes_azure(spec)
+                ),
                 # Ray's default adds --no-cache-dir: with the cache, a node whose Ray restarts
                 # (a new session, so a new environment) rebuilds it from wheels it already has.
                 "pip_install_options": ["--disable-pip-version-check"],
@@ -165,7 +170,9 @@ def missing_requirements_line(log: str) -> str | None:
     return None
 
 
-def shipped_requirements(cluster_ray: str, *, ship_torch: bool = False) -> list[str]:
+def shipped_requirements(
+    cluster_ray: str, *, ship_torch: bool = False, azure: bool = False
+) -> list[str]:
     """pip requirement lines for the job's runtime_env: rayaug's runtime requirements, each
     pinned to the version installed here (the job computes what a local run computes).
 
@@ -173,9 +180,10 @@ def shipped_requirements(cluster_ray: str, *, ship_torch: bool = False) -> list[
     cluster's own version, which pip finds installed, so it adds only the extras' packages.
     The device path's torch and Kornia (the `gpu` extra) only with `ship_torch`, torch without
     a local build label (`2.13.0+cpu` → `2.13.0`): the cluster's index decides the build.
+    The Azure SDK (the `azure` extra) with `azure`: a job that writes to az:// needs it.
     """
     lines = []
-    for requirement in _runtime_requirements(ship_torch):
+    for requirement in _runtime_requirements(ship_torch, azure):
         name = canonicalize_name(requirement.name)
         installed = Version(importlib.metadata.version(requirement.name)).public
         if name == "ray":
@@ -186,13 +194,13 @@ def shipped_requirements(cluster_ray: str, *, ship_torch: bool = False) -> list[
     return lines
 
 
-def required_modules(device_path: bool = False) -> dict[str, str]:
+def required_modules(device_path: bool = False, azure: bool = False) -> dict[str, str]:
     """Distribution → the top-level module the preflight looks for, for every runtime
     requirement of rayaug (with `device_path`, torch and Kornia too) and of the Ray extras it
     asks for, except Ray. A distribution that provides no module here (a tool such as py-spy)
     is not looked for."""
     wanted: list[Requirement] = []
-    for requirement in _runtime_requirements(device_path):
+    for requirement in _runtime_requirements(device_path, azure):
         if canonicalize_name(requirement.name) == "ray":
             for extra in sorted(requirement.extras):
                 wanted += _requirements_of("ray", extra)
@@ -202,12 +210,19 @@ def required_modules(device_path: bool = False) -> dict[str, str]:
     return {dist: module for dist, module in modules.items() if module is not None}
 
 
-def _runtime_requirements(device_path: bool) -> list[Requirement]:
-    """rayaug's declared requirements that apply here: its own, and with `device_path` its
-    `gpu` extra (torch, Kornia); never the tools of its other extras."""
-    return _requirements_of("rayaug", "") + (
-        _requirements_of("rayaug", "gpu") if device_path else []
-    )
+def _runtime_requirements(device_path: bool, azure: bool = False) -> list[Requirement]:
+    """rayaug's declared requirements that apply here: its own, with `device_path` its `gpu`
+    extra (torch, Kornia), with `azure` its `azure` extra (the Azure SDK that writes blobs);
+    never the tools of its other extras."""
+    extras = [name for name, wanted in (("gpu", device_path), ("azure", azure)) if wanted]
+    return _requirements_of("rayaug", "") + [
+        r for e in extras for r in _requirements_of("rayaug", e)
+    ]
+
+
+def _writes_azure(spec: JobSpec) -> bool:
+    """Whether the job writes to Azure Blob Storage (reads need only pyarrow)."""
+    return urlsplit(spec.output.uri).scheme in clouds.AZURE_SCHEMES
 
 
 def _needs_device_path(spec: JobSpec, ship_torch: bool) -> bool:

@@ -1,7 +1,7 @@
 """Shared fixtures: one real SeaweedFS S3 server and one real local Ray for the whole session.
 
-Ray starts after the S3 server so that its workers inherit the S3 credentials (as they
-would from a node's environment in production).
+Ray starts after the S3 server and the GCS and Azure emulators so that its workers inherit
+their endpoints and credentials (as they would from a node's environment in production).
 
 Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) the tests are put in two
 groups, each run by one worker in its usual order: SESSION_RAY, every test that needs that Ray
@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from azureserver import Azurite
+from gcsserver import GcsEmulator
+from procserver import ProcessServer
 from s3server import SeaweedS3
 
 from rayaug import sampledata
@@ -55,9 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _group(item: pytest.Item) -> str | None:
-    if {"ray_cluster", "s3"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
-        "s3"
-    ):
+    servers = {"ray_cluster", "s3", "gcs", "azure", "cloud"}
+    if servers & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("s3"):
         return SESSION_RAY
     if item.get_closest_marker("own_ray") or item.get_closest_marker("slow"):
         return OWN_RAY
@@ -134,25 +136,53 @@ def device(request: pytest.FixtureRequest) -> str:
     return chosen
 
 
+def _serve(server: SeaweedS3 | ProcessServer) -> Iterator[SeaweedS3 | ProcessServer]:
+    """Start a session's server with its bucket; its client settings are in os.environ."""
+    server.start()
+    saved = {key: os.environ.get(key) for key in server.env()}
+    try:
+        server.create_bucket(BUCKET)
+        os.environ.update(server.env())
+        yield server
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """A real S3 server on loopback; its credentials are in os.environ for the session."""
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    server.create_bucket(BUCKET)
-    saved = {key: os.environ.get(key) for key in server.env()}
-    os.environ.update(server.env())
-    yield server
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    yield from _serve(SeaweedS3(tmp_path_factory.mktemp("seaweed")))
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(s3: SeaweedS3) -> Iterator[str]:
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
+    """A real GCS emulator on loopback; STORAGE_EMULATOR_HOST names it for the session."""
+    yield from _serve(GcsEmulator(tmp_path_factory.mktemp("gcs")))
+
+
+@pytest.fixture(scope="session")
+def azure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """A real Azurite on loopback; AZURE_STORAGE_CONNECTION_STRING names it for the session."""
+    yield from _serve(Azurite(tmp_path_factory.mktemp("azurite")))
+
+
+CLOUDS = ["s3", "gs", "az"]
+SERVER_FIXTURE = {"s3": "s3", "gs": "gcs", "az": "azure"}
+
+
+@pytest.fixture(params=[pytest.param(scheme, marks=pytest.mark.s3) for scheme in CLOUDS])
+def cloud(request: pytest.FixtureRequest) -> tuple[str, SeaweedS3 | ProcessServer]:
+    """Each object store in turn: (URI scheme, its session server)."""
+    return request.param, request.getfixturevalue(SERVER_FIXTURE[request.param])
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3: SeaweedS3, gcs: GcsEmulator, azure: Azurite) -> Iterator[str]:
     """A local Ray on loopback shared by every test; yields its address for subprocess drivers."""
     import ray
 

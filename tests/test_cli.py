@@ -94,7 +94,7 @@ def test_validate_reports_yaml_and_missing_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("source", "words"),
     [
-        ("gs://bucket/images", ["unsupported URI scheme 'gs'"]),
+        ("hdfs://nn/images", ["unsupported URI scheme 'hdfs'"]),
         ("s3://", ["names no bucket"]),
         ("/nonexistent/rayaug/input", ["does not exist"]),
     ],

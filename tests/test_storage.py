@@ -1,11 +1,13 @@
 """rayaug.storage: URIs to locations, atomic writes, retries with backoff, clear usage errors.
 
-S3 tests run against the real SeaweedFS server of the session (`s3` fixture); the outage
-test starts, kills and restarts a server of its own.
+Object-store tests run on each real server of the session (`cloud`: SeaweedFS for s3://, the
+GCS emulator for gs://, Azurite for az://); the outage test starts, kills and restarts a server
+of its own.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import socket
@@ -16,7 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import BUCKET
+from azureserver import Azurite
+from conftest import BUCKET, CLOUDS
+from gcsserver import GcsEmulator
 from s3server import SeaweedS3
 
 from rayaug import storage
@@ -67,7 +71,10 @@ def test_s3_uri_names_bucket_and_prefix(s3: SeaweedS3) -> None:
     [
         ("s3://", ["names no bucket", "s3://BUCKET/PREFIX"]),
         ("s3:///prefix/only", ["names no bucket"]),
-        ("gs://x", ["unsupported URI scheme 'gs'", "s3://"]),
+        ("gs://", ["names no bucket", "gs://BUCKET/PREFIX"]),
+        ("az:///x", ["names no container", "az://CONTAINER/PREFIX"]),
+        ("abfs://@acct.dfs.core.windows.net/x", ["names no container"]),
+        ("hdfs://x", ["unsupported URI scheme 'hdfs'", "s3://", "gs://", "az://"]),
         ("http://x", ["unsupported URI scheme 'http'"]),
     ],
 )
@@ -138,10 +145,30 @@ def test_local_round_trip(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- S3
 
 
-@pytest.mark.s3
-def test_s3_write_read_list_exists_delete(s3: SeaweedS3) -> None:
+def test_cloud_uri_names_bucket_and_prefix(cloud) -> None:
+    scheme, _ = cloud
+    location = open_location(f"{scheme}://{BUCKET}/some/prefix/", StorageSpec(retries=1))
+    assert location.root == f"{BUCKET}/some/prefix"
+    assert location.scheme == scheme
+    assert location.uri_of("data/x") == f"{scheme}://{BUCKET}/some/prefix/data/x"
+
+
+def test_abfs_uri_names_container_and_account(azure: Azurite) -> None:
+    """abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX, the ADLS Gen2 form, names its
+    account itself; it is the same store as az://CONTAINER/PREFIX."""
+    by_abfs = open_location(
+        f"abfs://{BUCKET}@{azure.account}.dfs.core.windows.net/p/", StorageSpec()
+    )
+    by_az = open_location(f"az://{BUCKET}/p", StorageSpec())
+    assert by_abfs.root == by_az.root == f"{BUCKET}/p"
+    by_abfs.write_bytes(f"x-{uuid.uuid4().hex}.bin", b"via abfs")
+    assert [n for n, _ in by_az.list() if n.startswith("x-")]
+
+
+def test_write_read_list_exists_delete(cloud) -> None:
+    scheme, server = cloud
     prefix = f"test-storage-{uuid.uuid4().hex}"
-    location = open_location(f"s3://{BUCKET}/{prefix}", StorageSpec(retries=1))
+    location = open_location(f"{scheme}://{BUCKET}/{prefix}", StorageSpec(retries=1))
     check_reachable(location, must_exist=False)
     assert location.list(recursive=True) == []
     payload = os.urandom(300_000)
@@ -160,8 +187,8 @@ def test_s3_write_read_list_exists_delete(s3: SeaweedS3) -> None:
     assert location.list("manifests") == [("manifests/part-00000.parquet", 1)]
     assert location.list() == [("top.json", 2)]
     check_reachable(location, must_exist=True)
-    # The objects are really there, seen by a plain S3 client.
-    with s3.filesystem().open_input_stream(f"{BUCKET}/{prefix}/data/part-00000.bin") as f:
+    # The objects are really there, seen by a plain client of the server.
+    with server.filesystem().open_input_stream(f"{BUCKET}/{prefix}/data/part-00000.bin") as f:
         assert f.read() == payload
 
     location.delete("data/part-00000.bin")
@@ -170,9 +197,27 @@ def test_s3_write_read_list_exists_delete(s3: SeaweedS3) -> None:
         location.read_bytes("data/part-00000.bin")
 
 
-@pytest.mark.s3
-def test_missing_s3_input_is_a_usage_error(s3: SeaweedS3) -> None:
-    location = open_location(f"s3://{BUCKET}/absent-{uuid.uuid4().hex}", StorageSpec())
+def test_overwrite_replaces_an_object_whole(cloud) -> None:
+    """A second write of the same object (a retried shard) leaves the new bytes only."""
+    scheme, _ = cloud
+    location = open_location(f"{scheme}://{BUCKET}/over-{uuid.uuid4().hex}", StorageSpec())
+    location.write_bytes("obj.bin", b"first, longer content")
+    location.write_bytes("obj.bin", b"second")
+    assert location.read_bytes("obj.bin") == b"second"
+    assert location.list() == [("obj.bin", 6)]
+
+
+def test_missing_bucket_is_a_usage_error_naming_it(cloud) -> None:
+    scheme, _ = cloud
+    bucket = f"absent-{uuid.uuid4().hex[:12]}"
+    location = open_location(f"{scheme}://{bucket}/in", StorageSpec(retries=0))
+    with pytest.raises(UsageError, match=f"no (bucket|container) '{bucket}'"):
+        check_reachable(location, must_exist=True)
+
+
+def test_missing_input_is_a_usage_error(cloud) -> None:
+    scheme, _ = cloud
+    location = open_location(f"{scheme}://{BUCKET}/absent-{uuid.uuid4().hex}", StorageSpec())
     check_reachable(location, must_exist=False)
     with pytest.raises(UsageError, match="does not exist"):
         check_reachable(location, must_exist=True)
@@ -265,20 +310,39 @@ def test_non_storage_errors_pass_through_unretried(no_sleep: list[float]) -> Non
 # ---------------------------------------------------------------- wrong settings, fast
 
 
-@pytest.mark.s3
+# What each scheme's hint names for the secret to fix.
+SECRET_VARIABLE = {"s3": "AWS_SECRET_ACCESS_KEY", "az": "AZURE_STORAGE_ACCOUNT_KEY"}
+
+
+def _set_wrong_secret(scheme: str, server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Put a wrong secret for `scheme` in the environment, the way its users set one."""
+    if scheme == "gs":
+        pytest.skip(
+            "gcp-storage-emulator checks no credentials, so it cannot refuse a wrong one "
+            "(test_unloadable_google_credentials_are_one_line covers gs://)"
+        )
+    if scheme == "az":
+        wrong = base64.b64encode(os.urandom(32)).decode()
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string(wrong))
+        return wrong
+    wrong = "wrong-" + uuid.uuid4().hex
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    return wrong
+
+
 def test_wrong_credentials_are_reported_without_the_secret(
-    s3: SeaweedS3, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    cloud, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    wrong_secret = "wrong-" + uuid.uuid4().hex
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong_secret)
-    location = open_location(f"s3://{BUCKET}/creds-{uuid.uuid4().hex}", StorageSpec())
+    scheme, server = cloud
+    wrong_secret = _set_wrong_secret(scheme, server, monkeypatch)
+    location = open_location(f"{scheme}://{BUCKET}/creds-{uuid.uuid4().hex}", StorageSpec())
     with pytest.raises(UsageError) as caught:
         check_reachable(location, must_exist=False)
     message = str(caught.value)
-    assert "credentials" in message
-    assert "AWS_SECRET_ACCESS_KEY" in message  # what to fix
+    assert f"{scheme}:// credentials" in message
+    assert SECRET_VARIABLE[scheme] in message  # what to fix
     assert wrong_secret not in message
-    assert s3.secret_key not in message
+    assert getattr(server, "secret_key", getattr(server, "key", "")) not in message
 
     # Every operation fails at once (no backoff on a refused signature), never leaking it.
     started = time.monotonic()
@@ -293,6 +357,29 @@ def test_wrong_credentials_are_reported_without_the_secret(
             assert wrong_secret not in str(failed.value)
     assert time.monotonic() - started < 10
     assert not [r for r in caplog.records if "retry" in r.getMessage()]
+
+
+def test_unloadable_google_credentials_are_one_line(
+    gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without STORAGE_EMULATOR_HOST rayaug uses Google's default chain; a key file it cannot
+    load is one line naming gs:// and what to set, and no call is retried."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    for key_file in (tmp_path / "absent.json", tmp_path / "broken.json"):
+        if key_file.name == "broken.json":
+            key_file.write_text('{"type": "service_account"}')
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
+        storage_spec = StorageSpec(endpoint=f"http://{gcs.endpoint}", retries=3)
+        location = open_location(f"gs://{BUCKET}/x", storage_spec)
+        with pytest.raises(UsageError) as caught:
+            check_reachable(location, must_exist=True)
+        message = str(caught.value)
+        assert "gs:// credentials" in message and "GOOGLE_APPLICATION_CREDENTIALS" in message
+        assert "\n" not in message and len(message) < 600
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=key_file.name):
+            location.read_bytes("x")
+        assert time.monotonic() - started < 5
 
 
 @pytest.mark.s3
@@ -336,32 +423,44 @@ def test_unreachable_endpoint_is_a_fast_usage_error(monkeypatch: pytest.MonkeyPa
 # ---------------------------------------------------------------- a real outage
 
 
-@pytest.fixture
-def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A SeaweedFS of this test alone (it gets killed); AWS_* point at it for the test."""
-    server = SeaweedS3(tmp_path / "weed")
-    # `weed mini` adds an identity from AWS_* in its environment: the session server's
-    # credentials (same access key, other secret) would lock this server's own out.
-    for key in server.env():
-        monkeypatch.delenv(key, raising=False)
+def _own_server(scheme: str, root: Path, monkeypatch: pytest.MonkeyPatch):
+    """A server of `scheme` of this test alone (it gets killed); the environment names it."""
+    if scheme == "s3":
+        server = SeaweedS3(root)
+        # `weed mini` adds an identity from AWS_* in its environment: the session server's
+        # credentials (same access key, other secret) would lock this server's own out.
+        for key in server.env():
+            monkeypatch.delenv(key, raising=False)
+    else:
+        server = GcsEmulator(root) if scheme == "gs" else Azurite(root)
     server.start()
     try:
         server.create_bucket("outage")
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
-        yield server
+    except BaseException:
+        server.stop()
+        raise
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    return server
+
+
+@pytest.fixture(params=[pytest.param(scheme, marks=pytest.mark.s3) for scheme in CLOUDS])
+def own_server(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    server = _own_server(request.param, tmp_path / "server", monkeypatch)
+    try:
+        yield request.param, server
     finally:
         server.stop()
 
 
-@pytest.mark.s3
 def test_write_survives_a_storage_outage_through_retries(
-    own_server: SeaweedS3, caplog: pytest.LogCaptureFixture
+    own_server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    location = open_location("s3://outage/job", StorageSpec(retries=8))
+    scheme, server = own_server
+    location = open_location(f"{scheme}://outage/job", StorageSpec(retries=8))
     location.write_bytes("before.bin", b"before")
     payload = os.urandom(200_000)
-    own_server.kill()
+    server.kill() if scheme == "s3" else server.outage()
 
     outcome: dict[str, object] = {}
 
@@ -386,9 +485,35 @@ def test_write_survives_a_storage_outage_through_retries(
             time.sleep(0.05)
         assert retries(), f"the write was not retried during the outage: {outcome}"
         assert writer.is_alive(), f"the write ended during the outage: {outcome}"
-        own_server.restart()
+        server.restart()
         writer.join(timeout=60)
     assert not writer.is_alive()
     assert "error" not in outcome, outcome.get("error")
     assert location.read_bytes("data/part-00000.bin") == payload
     assert location.read_bytes("before.bin") == b"before"
+
+
+def test_a_call_that_gets_no_answer_is_retried_after_its_deadline(
+    cloud, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that accepts connections and never answers: past storage.request_timeout the
+    call is a transient failure (S3: the AWS SDK's own timeout; gs/az: rayaug's deadline)."""
+    scheme, _ = cloud
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    spec = StorageSpec(endpoint=endpoint, retries=1, connect_timeout=1, request_timeout=2)
+    location = open_location(f"{scheme}://{BUCKET}/silent", spec)
+    started = time.monotonic()
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="rayaug.storage"),
+            pytest.raises(StorageError),
+        ):
+            location.read_bytes("x")
+    finally:
+        silent.close()
+    assert [r for r in caplog.records if "retry 1/1" in r.getMessage()]
+    assert time.monotonic() - started < 30

@@ -454,6 +454,52 @@ def test_submission_has_absolute_paths_and_no_credentials(
         assert secret not in everything
 
 
+CLOUD_SECRETS = {
+    "AZURE_STORAGE_ACCOUNT_KEY": "ZmFrZS1henVyZS1hY2NvdW50LWtleS0wMDAw",
+    "AZURE_STORAGE_CONNECTION_STRING": "AccountName=acct;AccountKey=ZmFrZS1jb25uLWtleS0wMDAw",
+    "AZURE_STORAGE_SAS_TOKEN": "sv=2024&sig=fake-sas-signature-0000",
+    "AZURE_CLIENT_SECRET": "fake-azure-client-secret-0000",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secret/fake-google-key-0000.json",
+}
+
+
+def test_a_cloud_job_ships_its_sdk_and_settings_but_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gs:// to az://: the Azure SDK that writes blobs travels (pinned), and so do the account's
+    name and the GCS emulator's address; no key, SAS, connection string or key file path."""
+    spec = SPEC.replace("{uri: in}", "{uri: gs://bucket/in}")
+    (tmp_path / "job.yaml").write_text(spec.replace("{uri: out,", "{uri: az://container/out,"))
+    monkeypatch.chdir(tmp_path)
+    for name in FORWARDED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in CLOUD_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9023")
+    client = _RecordingClient()
+    monkeypatch.setattr(submit, "_client", lambda url: client)
+
+    submit.submit_job(load_spec("job.yaml"), Path("job.yaml"), "http://127.0.0.1:8265")
+
+    runtime_env = client.kwargs["runtime_env"]
+    assert runtime_env["env_vars"] == {
+        "AZURE_STORAGE_ACCOUNT_NAME": "acct",
+        "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023",
+    }
+    packages = runtime_env["pip"]["packages"]
+    assert [p.split("==")[0] for p in packages if p.startswith("azure")] == [
+        "azure-storage-blob",
+        "azure-identity",
+    ]
+    from rayaug import preflight
+
+    assert "azure-storage-blob" in json.loads(client.shipped[preflight.REQUIREMENTS_FILE])
+    everything = json.dumps(client.kwargs) + "".join(client.shipped.values())
+    for secret in CLOUD_SECRETS.values():
+        assert secret not in everything
+
+
 class _FlakyLogClient:
     """A job whose log stream breaks after two chunks; polling must finish it, no line twice."""
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from rayaug import clouds
 from rayaug.formats.base import InputFormat, PositionReader, shard_name, with_targets
 from rayaug.records import Listing, SourceSample, Targets, WorkUnit, placement
 
@@ -109,7 +110,7 @@ def _beside(location: Location, where: str) -> Location:
     URI of the same scheme (same endpoint and credentials)."""
     where = where.rstrip("/")
     if "://" in where:
-        return dataclasses.replace(location, uri=where, root=where.split("://", 1)[1])
+        return dataclasses.replace(location, uri=where, root=clouds.path_of(where))
     if where.startswith("/"):
         return dataclasses.replace(location, uri=where, root=where)
     return dataclasses.replace(location, uri=location.uri_of(where), root=location.path(where))

@@ -31,7 +31,6 @@ from rayaug.formats.base import (
     with_targets,
 )
 from rayaug.records import AugmentedSample, Listing, SourceSample, Targets, WorkUnit
-from rayaug.storage import retrying
 
 if TYPE_CHECKING:
     from rayaug.spec import InputSpec, OutputSpec
@@ -237,19 +236,17 @@ def _parquet_pieces(
     (and, when its key column still decodes, the keys), never an exception.
     """
     metadata = _parquet_metadata(location, path)
-    size = retrying(
+    size = location.retrying(
         lambda: location.fs.get_file_info(location.path(path)).size,
         f"reading {location.uri_of(path)}",
-        location.attempts,
     )
     for group, (first, rows) in enumerate(_row_groups(metadata)):
         lo, hi = max(start, first), min(stop, first + rows)
         if lo >= hi:
             continue
-        span = retrying(
+        span = location.retrying(
             lambda g=group: _fetch_group(location, path, metadata, g),
             f"reading {location.uri_of(path)}",
-            location.attempts,
         )
         parquet = pq.ParquetFile(_Span(size, *span), metadata=metadata)
         try:
@@ -330,7 +327,7 @@ def _parquet_metadata(location: Location, path: str) -> pq.FileMetaData:
             return pq.ParquetFile(handle).metadata
 
     try:
-        return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
+        return location.retrying(read, f"reading {location.uri_of(path)}")
     except pa.ArrowInvalid as error:  # not Parquet at all: no rows to plan, nothing to retry
         raise UsageError(
             f"{location.uri_of(path)} is not a readable Parquet file ({error}); "
@@ -343,7 +340,7 @@ def _parquet_column(location: Location, path: str, column: str) -> pa.ChunkedArr
         with location.fs.open_input_file(location.path(path)) as handle:
             return pq.ParquetFile(handle).read(columns=[column]).column(column)
 
-    return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
+    return location.retrying(read, f"reading {location.uri_of(path)}")
 
 
 def _row_groups(metadata: pq.FileMetaData) -> list[tuple[int, int]]:
@@ -409,4 +406,4 @@ def _parquet_group(location: Location, path: str, group: int) -> pa.Table:
         with location.fs.open_input_file(location.path(path)) as handle:
             return pq.ParquetFile(handle).read_row_group(group)
 
-    return retrying(read, f"reading {location.uri_of(path)}", location.attempts)
+    return location.retrying(read, f"reading {location.uri_of(path)}")
