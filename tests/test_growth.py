@@ -185,6 +185,12 @@ def test_four_to_eight_views_equals_a_fresh_eight_view_job(
     assert verify(a) == [] and diff_outputs(a, b).identical
     new_view = next(s for s in samples(grown) if s.endswith("#6"))
     assert replay(a, new_view, StorageSpec()).matches
+    # The training reader: epoch 6 is view 6, read from the growth's shards as one dataset.
+    epochs = [
+        api.open_output(p).epoch(6, columns=("sample_id",), decode=False) for p in (grown, fresh)
+    ]
+    served = [sorted(item["sample_id"] for item in epoch) for epoch in epochs]
+    assert served[0] == served[1] == sorted(s for s in samples(fresh) if s.endswith("#6"))
 
 
 def test_new_parquet_file_is_the_only_work(ray_cluster: str, photos, tmp_path: Path) -> None:
