@@ -359,3 +359,16 @@ def test_jobspec_is_frozen() -> None:
     assert isinstance(spec, JobSpec)
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error type varies
         spec.seed = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("uri", ["gs://bucket/out", "az://container/out", "abfs://c/out"])
+def test_lance_on_google_or_azure_is_refused_by_name(uri: str) -> None:
+    output = {"uri": uri, "format": "lance"}
+    data = {"input": {"uri": "in"}, "output": output, "ops": [{"name": "horizontal_flip"}]}
+    with pytest.raises(SpecError) as refused:
+        parse_spec(data)
+    scheme = uri.partition("://")[0]
+    assert refused.value.messages == [
+        f"output: format lance is not available on {scheme}:// yet (local disk and s3:// only); "
+        "use format parquet or webdataset there"
+    ]
