@@ -104,7 +104,10 @@ def _endpoint(value: str) -> tuple[str, str]:
     """(scheme, host:port) of an endpoint URL; a bare host:port means https."""
     parsed = urlparse(value if "://" in value else f"https://{value}")
     if not parsed.hostname:
-        raise UsageError(f"storage endpoint {value!r} is not a URL like http://host:port")
+        raise UsageError(
+            f"the storage endpoint {value!r} (storage.endpoint, or its environment variable) "
+            "is not a URL like http://host:port"
+        )
     return parsed.scheme, parsed.netloc
 
 

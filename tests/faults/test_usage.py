@@ -185,7 +185,9 @@ CASES: dict[str, Case] = {
     "not-a-mapping": Case(_raw_job("- just\n- a list\n"), 2, ["a job spec is a YAML mapping"]),
     "no-spec-file": Case(_raw_job(None), 2, ["job.yaml", "cannot read"]),
     # -- URIs and inputs
-    "gs-scheme": Case(_input(lambda t: "gs://x/images"), 2, ["unsupported URI scheme 'gs'"]),
+    "unknown-scheme": Case(
+        _input(lambda t: "hdfs://x/images"), 2, ["unsupported URI scheme 'hdfs'"]
+    ),
     "s3-without-bucket": Case(_input(lambda t: "s3://"), 2, ["names no bucket", "s3://BUCKET"]),
     "file-uri-with-host": Case(_input(lambda t: "file://host/x"), 2, ["file:///path"]),
     "missing-input": Case(
