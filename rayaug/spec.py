@@ -83,15 +83,10 @@ class OutputSpec(Model):
         return value
 
     @model_validator(mode="after")
-    def _lance_where_wired(self) -> OutputSpec:
-        # Lance writes through its own object store, which rayaug configures for S3 and local
-        # disk only: on Google's or Azure's it would look for credentials of its own.
-        scheme = self.uri.partition("://")[0] if "://" in self.uri else "file"
-        if self.format == "lance" and scheme in ("gs", "az", "abfs", "abfss"):
-            raise ValueError(
-                f"format lance is not available on {scheme}:// yet (local disk and s3:// "
-                "only); use format parquet or webdataset there"
-            )
+    def _format_where_wired(self) -> OutputSpec:
+        refusal = formats.scheme_refusal(self.format, self.uri)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
 
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 INPUTS = ("parquet", "webdataset", "folder")  # the order `auto` looks for them in
 OUTPUTS = ("parquet", "webdataset", "lance")
+# Output formats that write through an object store of their own, which rayaug configures for
+# these URI schemes only (Lance: local disk and S3). Known without importing the format.
+OUTPUT_SCHEMES = {"lance": ("file", "s3")}
 AUTO = "auto"  # input.format: detected from the listed files' extensions
 FALLBACK = "folder"  # what `auto` reads when no file is claimed by any input format
 
@@ -54,6 +57,20 @@ def check_name(name: str, role: str) -> str:
     if name not in names:
         raise ValueError(f"unknown format {name!r}; use one of: {', '.join(names)}")
     return name
+
+
+def scheme_refusal(name: str, uri: str) -> str | None:
+    """Why output format `name` cannot write to `uri`, or None."""
+    scheme = uri.partition("://")[0] if "://" in uri else "file"
+    usable = OUTPUT_SCHEMES.get(name)
+    if usable is None or scheme in usable:
+        return None
+    others = " or ".join(n for n in OUTPUTS if n not in OUTPUT_SCHEMES)
+    where = " and ".join("local disk" if s == "file" else f"{s}://" for s in usable)
+    return (
+        f"format {name} is not available on {scheme}:// yet ({where} only); "
+        f"use format {others} there"
+    )
 
 
 def mix_refusal(name: str, who: str = "mix ops (mixup, cutmix, mosaic) pick") -> str | None:
