@@ -46,6 +46,9 @@ class Azurite(ProcessServer):
             "--skipApiVersionCheck",
             "--disableProductStyleUrl",
             "--loose",
+            # Azurite reports each start to Microsoft by default: off loopback, and it leaves
+            # its unsent reports under /tmp.
+            "--disableTelemetry",
         ]
 
     def child_env(self) -> dict[str, str]:
