@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +21,14 @@ from conftest import BUCKET, RecordingProgress
 
 from rayaug import commit, outputs, sampledata
 from rayaug.errors import JobFailed, UsageError
-from rayaug.job import CALLS_PER_ACTOR, RunOptions, calls_per_actor, pool_shape, run_job
+from rayaug.job import (
+    CALLS_PER_ACTOR,
+    RunOptions,
+    calls_per_actor,
+    noted_interrupts,
+    pool_shape,
+    run_job,
+)
 from rayaug.replay import replay
 from rayaug.reports.summary import verify
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
@@ -67,6 +75,34 @@ def test_pool_shape_leaves_cpu_for_the_driver() -> None:
     assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).size == 4
     assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).gpus_per_actor == 1.0
     assert pool_shape(ExecutionSpec(concurrency=3, num_gpus=0), cpus=64, gpus=8).size == 3
+
+
+def test_a_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python drops a KeyboardInterrupt raised inside `__del__`; the driver, which runs Ray's
+    finalizers all the time, must still stop at its next committed row, with no traceback."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    default = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist may ignore it
+    try:
+        with noted_interrupts() as ctrl_c:
+
+            class Finalized:
+                def __del__(self) -> None:
+                    deadline = time.monotonic() + 10
+                    while not ctrl_c.noted.is_set() and time.monotonic() < deadline:
+                        time.sleep(0.001)  # the Ctrl-C's KeyboardInterrupt is raised here
+
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+            finalized = Finalized()
+            del finalized  # returns: Python printed "Exception ignored" and went on
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c.check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert sys.unraisablehook == reported.append and not reported
+    finally:
+        signal.signal(signal.SIGINT, default)
 
 
 def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_path: Path) -> None:
