@@ -1,7 +1,7 @@
 """The benchmark (scripts/benchmark, run by scripts/bench) keeps working: small smoke runs
 of every recipe at 1 and 8 views (rayaug through Ray for one of them), the Albumentations
-runner's views drawn from one decode, the phone photos, and the augment stage alone on the CPU (the GPU check's dry run). It is a
-benchmark: no time is asserted."""
+runner's views drawn from one decode, the phone photos, and the augment stage alone on the
+CPU (the GPU check's dry run). It is a benchmark: no time is asserted."""
 
 from __future__ import annotations
 
