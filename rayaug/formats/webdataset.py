@@ -77,6 +77,18 @@ class WebDatasetOutput(ShardFile):
             json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m
         }
 
+    def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
+        """A run of samples' spans is a small tar of those samples, in order."""
+        members: dict[str, dict[str, bytes]] = defaultdict(dict)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as archive:
+            for member in archive:
+                stem, _, extension = member.name.partition(".")
+                members[stem][extension] = archive.extractfile(member).read()
+        images = [m[output.extension] for m in members.values()]
+        if len(images) != len(spans) - 1:
+            raise ValueError(f"{len(images)} samples in a span of {len(spans) - 1}")
+        return images
+
     def spans(self, data: bytes) -> list[int]:
         """A sample's members lie together: it spans from its first header to its last
         member's padded end (a span read alone is a small tar of that sample)."""
