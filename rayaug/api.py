@@ -191,6 +191,7 @@ class OutputView:
         batch_size: int = 1,
         num_workers: int = 0,
         window: int = 4,
+        views_per_item: int = 1,
     ) -> Epoch:
         """One rank's share of epoch `epoch` for training: view `epoch mod views` of every
         committed sample, once over all ranks and workers, in an order fixed by (seed, epoch,
@@ -201,7 +202,9 @@ class OutputView:
         columns each item carries (`ops` on request). `decode`: images as (H, W, 3) uint8
         arrays, else their stored bytes. `batch_size`, `num_workers`: the DataLoader's, which
         is what lets `state_dict(samples=...)` resume exactly. `window`: shards shuffled
-        together (memory: one window of one view per worker). README "Training on the output".
+        together (memory: one window of one view per worker). `views_per_item=k`: each item is
+        k views of one source (views e*k ... e*k+k-1 mod views; images and per-view columns
+        as lists, `label` once), for contrastive steps. README "Training on the output".
         """
         from rayaug.epochs import Epoch
 
@@ -219,6 +222,7 @@ class OutputView:
             batch_size=batch_size,
             num_workers=num_workers,
             window=window,
+            views_per_item=views_per_item,
         )
 
     def epoch_dataset(

@@ -19,6 +19,12 @@ records where they lie) of the one or two windows its part cuts. Because a DataL
 the workers' batches in turn, what a rank has delivered after `samples` is known from
 (samples, batch_size, num_workers) alone: `state_dict` turns it into the positions left, which
 any world size and worker count can resume from.
+
+With `views_per_item=k` an item is k views of one source: epoch e serves views e*k ... e*k+k-1
+(mod the job's views) of every source that has all k, the positions above counting sources
+instead of samples. A catalogue entry is then the shards that read the same work unit (a
+grown output's views of one source lie in one shard per generation); a source lacking one of
+the k views is left out and counted (`Epoch.left_out`).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from rayaug.errors import RayaugError, UsageError
 from rayaug.formats import output_format
 from rayaug.formats.base import DataObject, OutputFormat, ShardFile
 from rayaug.outputs import Output
-from rayaug.sinks import MANIFEST_SCHEMA
+from rayaug.sinks import MANIFEST_SCHEMA, SOURCES_KEY
 from rayaug.spec import StorageSpec
 from rayaug.storage import open_location, retrying
 
@@ -52,6 +58,15 @@ STATE_VERSION = 1
 DEFAULT_WINDOW = 4  # shards per shuffle window: what one worker holds of a window at most
 DEFAULT_COLUMNS = ("sample_id", "label", "soft_label", "targets")
 JSON_COLUMNS = ("ops", "targets")  # manifest columns that hold JSON text: parsed in items
+# With several views per item: the columns a source has once (the others, one per view).
+SOURCE_COLUMNS = (
+    "source_key",
+    "source_uri",
+    "source_sha256",
+    "label",
+    "source_width",
+    "source_height",
+)
 # An object is read whole (one sequential read) once a reader needs this share of its bytes;
 # below, only its samples, by ranged reads: only the windows cut between two parts need them.
 WHOLE_OBJECT = 0.9
@@ -66,32 +81,105 @@ _CORRUPT = (tarfile.TarError, pa.ArrowException, ValueError, KeyError, OSError, 
 
 @dataclass(frozen=True)
 class ShardView:
-    """One committed shard's samples of one view: the objects that hold them, how many."""
+    """One entry of an epoch's catalogue: the committed shards that hold the epoch's views of
+    one set of sources (one shard; with several views per item on a grown output, the shard of
+    each generation that made some of them), the objects that hold those views (each with its
+    shard), how many items it serves (samples; sources with all their views when an item is
+    several views), and how many of its sources are left out (a view quarantined or missing)."""
 
     shard: str
-    objects: tuple[DataObject, ...]
+    objects: tuple[tuple[str, DataObject], ...]
     samples: int
+    shards: tuple[str, ...] = ()
+    left_out: int = 0
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.shards or (self.shard,))
 
 
-def shard_views(output: Output, view: int) -> list[ShardView]:
-    """Every committed shard that holds samples of `view`, in shard order, from the manifests'
-    footers (by_view) or their `view` column (outputs from before layouts)."""
-    out, fmt = output.location, output_format(output.spec.output.format)
+def shard_views(output: Output, views: Sequence[int]) -> list[ShardView]:
+    """Every committed shard (or group of shards over the same sources) that holds items of
+    `views` (one view per item, or several of one source), in shard order, from the manifests'
+    footers (by_view) or their `view` and `source_key` columns (by_source, outputs from before
+    layouts, and sources with a view quarantined)."""
+    fmt, views = output_format(output.spec.output.format), tuple(views)
     found = []
-    for shard in sorted(commit.committed_shards(out)):
-        metadata = _footer_metadata(output, shard)
-        objects = fmt.objects(shard, metadata)
-        views = {o.view for o in objects}
-        if views == {None}:  # one object of every view: count the view's rows
-            table = _manifest_columns(output, shard, ("view",))
-            count = sum(1 for v in table.column("view").to_pylist() if v == view)
-            held = tuple(objects)
+    for shards in _source_groups(output, len(views) > 1):
+        held: list[tuple[str, DataObject]] = []
+        counted: dict[int, int] = {}  # view -> samples, where the footers tell
+        sources: set[int | None] = set()
+        whole = False  # some object holds every view (by_source): its manifest tells
+        for shard in shards:
+            metadata = _footer_metadata(output, shard)
+            objects = fmt.objects(shard, metadata)
+            recorded = metadata.get(SOURCES_KEY)
+            sources.add(None if recorded is None else int(recorded))
+            for data in objects:
+                if data.view is None:
+                    whole = True
+                    held.append((shard, data))
+                elif data.view in views:
+                    held.append((shard, data))
+                    counted[data.view] = counted.get(data.view, 0) + (data.samples or 0)
+        if len(views) == 1 and not whole:  # one view per item, one object per view
+            count = sum(counted.values())
+            left = _complete_left(sources, count)
+        elif not whole and _complete(counted, views, sources):
+            count, left = counted[views[0]], 0  # every source has every view
         else:
-            held = tuple(o for o in objects if o.view == view)
-            count = sum(o.samples or 0 for o in held)
-        if count:
-            found.append(ShardView(shard, held, count))
+            count, left = _count_items(output, shards, views, sources)
+        if count or (left and len(views) > 1):
+            found.append(ShardView(shards[0], tuple(held), count, tuple(shards), left))
     return found
+
+
+def _source_groups(output: Output, grouped: bool) -> list[tuple[str, ...]]:
+    """The committed shards, one by one; `grouped`: those whose work units read the same
+    sources together (a growth's shards of more views make other views of an earlier unit's
+    sources), so that an item's views are found whatever generation made them."""
+    committed = sorted(commit.committed_shards(output.location))
+    if not grouped:
+        return [(shard,) for shard in committed]
+    unit_of = {u.shard: (u.files, u.rows) for u in output.plan.units}
+    groups: dict[object, list[str]] = {}
+    for shard in committed:
+        groups.setdefault(unit_of.get(shard, shard), []).append(shard)
+    return sorted((tuple(g) for g in groups.values()), key=lambda g: g[0])
+
+
+def _complete(counted: dict[int, int], views: tuple[int, ...], sources: set) -> bool:
+    """Whether the footers alone show every source of a group with every view of `views`."""
+    if None in sources or len(sources) != 1:
+        return False
+    (read,) = sources
+    return all(counted.get(v) == read for v in views)
+
+
+def _complete_left(sources: set, count: int) -> int:
+    """Sources of a one-shard entry without the view served, where the footer tells."""
+    if None in sources or len(sources) != 1:
+        return 0
+    return max(next(iter(sources)) - count, 0)
+
+
+def _count_items(
+    output: Output, shards: Sequence[str], views: tuple[int, ...], sources: set
+) -> tuple[int, int]:
+    """(items, sources left out) of a group, from its manifests' `source_key` and `view`."""
+    having: dict[str, set[int]] = {}
+    for shard in shards:
+        table = _manifest_columns(output, shard, ("source_key", "view"))
+        for key, view in zip(
+            table.column("source_key").to_pylist(), table.column("view").to_pylist(), strict=True
+        ):
+            if view in views:
+                having.setdefault(key, set()).add(view)
+            else:
+                having.setdefault(key, set())
+    complete = sum(1 for got in having.values() if len(got) == len(views))
+    read = max((s for s in sources if s is not None), default=len(having))
+    return complete, max(read, len(having)) - complete
 
 
 def _footer_metadata(output: Output, shard: str) -> dict[str, str]:
@@ -292,9 +380,10 @@ class _ObjectReader:
         self.output, self.stats = output, stats
         self.format: OutputFormat = output_format(output.spec.output.format)
 
-    def read(self, shard: str, data: DataObject, rows: Sequence[int]) -> dict[str, bytes]:
+    def read(self, shard: str, data: DataObject, wanted: dict[int, str]) -> dict[str, bytes]:
+        """sample_id -> image of the wanted samples (their rows in the object -> their ids)."""
         try:
-            return self._read(data, rows)
+            return self._read(data, wanted)
         except RayaugError as error:
             raise UsageError(
                 f"{self.output.location.uri}: data object {data.path} of committed shard "
@@ -307,9 +396,9 @@ class _ObjectReader:
                 "--verify` lists every breach"
             ) from None
 
-    def _read(self, data: DataObject, rows: Sequence[int]) -> dict[str, bytes]:
+    def _read(self, data: DataObject, wanted: dict[int, str]) -> dict[str, bytes]:
         out, spec = self.output.location, self.output.spec.output
-        spans = data.spans
+        spans, rows = data.spans, sorted(wanted)
         if not isinstance(self.format, ShardFile):  # Lance: its own reader, whole files
             self.stats.objects_read += 1
             images = self.format.read_object(out, spec, data)
@@ -322,7 +411,7 @@ class _ObjectReader:
             return self.format.decode(raw, spec, masks=False)
         images: dict[str, bytes] = {}
         with out.fs.open_input_file(out.path(data.path)) as handle:
-            for first, last in _runs(sorted(rows)):
+            for first, last in _runs(rows):
                 begin, end = spans[first], spans[last + 1]
                 raw = retrying(
                     lambda b=begin, e=end: handle.read_at(e - b, b),
@@ -331,7 +420,10 @@ class _ObjectReader:
                 )
                 self.stats.ranged_reads += 1
                 self.stats.bytes_read += len(raw)
-                images |= self.format.decode(raw, spec, masks=False)
+                run = self.format.split(raw, spans[first : last + 2], spec)
+                for row, image in zip(range(first, last + 1), run, strict=True):
+                    if row in wanted:
+                        images[wanted[row]] = image
         return images
 
     @staticmethod
@@ -398,6 +490,7 @@ class Epoch(_iterable_base()):
         batch_size: int = 1,
         num_workers: int = 0,
         window: int = DEFAULT_WINDOW,
+        views_per_item: int = 1,
     ) -> None:
         _check(epoch >= 0, f"epoch must be ≥ 0, not {epoch}")
         _check(world_size >= 1, f"world_size must be ≥ 1, not {world_size}")
@@ -405,14 +498,25 @@ class Epoch(_iterable_base()):
         _check(batch_size >= 1, f"batch_size must be ≥ 1, not {batch_size}")
         _check(num_workers >= 0, f"num_workers must be ≥ 0, not {num_workers}")
         _check(window >= 1, f"window must be ≥ 1 shard, not {window}")
+        views = output.spec.views
+        _check(
+            1 <= views_per_item <= views,
+            f"views_per_item must be in [1, {views}] (the job's views), not {views_per_item}",
+        )
         unknown = sorted(set(columns) - set(MANIFEST_SCHEMA.names))
         _check(not unknown, f"no manifest column {', '.join(unknown)} (columns=)")
         self.output, self.storage, self.epoch, self.rank = output, storage, epoch, rank
         self._pid = os.getpid()  # the process whose storage clients `output` holds
-        self.view = epoch % output.spec.views
+        # Epoch e with k views per item: views e*k ... e*k+k-1 (mod the job's views).
+        self.views_per_item = views_per_item
+        self.views = tuple((epoch * views_per_item + j) % views for j in range(views_per_item))
+        self.view = self.views[0]
         self.seed = output.spec.seed if seed is None else seed
         self.columns, self.decode = tuple(columns), decode
-        self.catalogue = shard_views(output, self.view)
+        self.catalogue = shard_views(output, self.views)
+        # Sources not served: a view of the epoch's quarantined (or, for several views per
+        # item, missing), where the manifests tell (counted, never silently dropped).
+        self.left_out = sum(s.left_out for s in self.catalogue)
         self.order = Order(
             tuple(s.samples for s in self.catalogue), self.seed, epoch, shuffle, window
         )
@@ -426,10 +530,17 @@ class Epoch(_iterable_base()):
                 f"epoch serves its {len(self.catalogue)} committed shards only",
                 stacklevel=3,
             )
-        mixed = [o for s in self.catalogue for o in s.objects if o.view is None]
+        if views_per_item > 1 and self.left_out:
+            warnings.warn(
+                f"{output.location.uri}: epoch {epoch} leaves out {self.left_out} sources "
+                f"that lack one of views {list(self.views)} (quarantined or missing); "
+                "`epoch.left_out` counts them",
+                stacklevel=3,
+            )
+        mixed = [o for s in self.catalogue for _, o in s.objects if o.view is None]
         if mixed:
             cost = (
-                f"reads {output.spec.views}x the bytes it serves"
+                f"reads {views / views_per_item:.3g}x the bytes it serves"
                 if any(o.spans is None for o in mixed)
                 else "reads each sample by a ranged read of its own"
             )
@@ -508,6 +619,7 @@ class Epoch(_iterable_base()):
             "seed": self.seed,
             "shuffle": self.order.shuffle,
             "window": self.order.window,
+            "views_per_item": self.views_per_item,
             "shards": _shards_digest(self.catalogue),
             "left": [list(i) for i in self.split.left_after(taken)],
         }
@@ -521,8 +633,10 @@ class Epoch(_iterable_base()):
             ("seed", self.seed),
             ("shuffle", self.order.shuffle),
             ("window", self.order.window),
+            ("views_per_item", self.views_per_item),
         ):
-            _check(state[key] == mine, f"the state is of {key}={state[key]}, this epoch {mine}")
+            theirs = state.get(key, 1) if key == "views_per_item" else state[key]
+            _check(theirs == mine, f"the state is of {key}={theirs}, this epoch {mine}")
         _check(
             state["shards"] == _shards_digest(self.catalogue),
             f"{self.output.location.uri}: the committed shards changed since the state was "
@@ -554,7 +668,7 @@ class Epoch(_iterable_base()):
                 items = pending.result()
                 if following is not None:
                     pending = pool.submit(self._read_piece, reader, *following)
-                yield from (self._item(row, image) for row, image in items)
+                yield from (self._item(rows, images) for rows, images in items)
 
     def _pieces(self, part: list[Interval]) -> Iterator[tuple[int, int, int]]:
         """(window, lo, hi) pieces of a part: no piece spans two windows."""
@@ -568,55 +682,92 @@ class Epoch(_iterable_base()):
 
     def _read_piece(
         self, reader: _ObjectReader, window: int, lo: int, hi: int
-    ) -> list[tuple[dict, bytes]]:
+    ) -> list[tuple[list[dict], list[bytes]]]:
         located = self.order.locate(window, lo, hi)
         rows_of: dict[int, list[int]] = {}
         for entry, row in located:
             rows_of.setdefault(entry, []).append(row)
-        found: dict[tuple[int, int], tuple[dict, bytes]] = {}
+        found: dict[tuple[int, int], tuple[list[dict], list[bytes]]] = {}
         for entry, rows in rows_of.items():
             shard = self.catalogue[entry]
-            manifest = self._view_rows(shard.shard)
-            wanted = {manifest[r]["sample_id"]: r for r in rows}
+            items = self._entry_items(shard)
+            slots = {(name, data.view): slot for slot, (name, data) in enumerate(shard.objects)}
+            wanted: dict[int, dict[int, str]] = {}  # object slot -> its row -> sample id
+            for row in rows:
+                for sample in items[row]:
+                    slot = slots.get((sample["shard"], sample["view"]))
+                    if slot is None:
+                        slot = slots[(sample["shard"], None)]
+                    wanted.setdefault(slot, {})[sample["index"]] = sample["sample_id"]
             images: dict[str, bytes] = {}
-            for data in shard.objects:
-                images |= reader.read(shard.shard, data, self._object_rows(data, manifest, rows))
-            for sample, row in wanted.items():
-                if sample not in images:
-                    raise UsageError(
-                        f"{self.output.location.uri}: sample {sample} is committed but missing "
-                        f"from the data of shard {shard.shard} (`rayaug inspect --verify` "
-                        "lists every breach)"
-                    )
-                found[(entry, row)] = (manifest[row], images[sample])
+            for slot, samples in wanted.items():
+                name, data = shard.objects[slot]
+                images |= reader.read(name, data, samples)
+            for row in rows:
+                for sample in items[row]:
+                    if sample["sample_id"] not in images:
+                        raise UsageError(
+                            f"{self.output.location.uri}: sample {sample['sample_id']} is "
+                            f"committed but missing from the data of shard {sample['shard']} "
+                            "(`rayaug inspect --verify` lists every breach)"
+                        )
+                found[(entry, row)] = (items[row], [images[m["sample_id"]] for m in items[row]])
         return [found[key] for key in located]
 
-    def _object_rows(self, data: DataObject, manifest: list[dict], rows: list[int]) -> list[int]:
-        """The rows of a data object that hold the wanted samples (the manifest's `index`)."""
-        if data.view is None:
-            return [manifest[r]["index"] for r in rows]
-        return rows
-
-    def _view_rows(self, shard: str) -> list[dict]:
-        """The manifest rows of the epoch's view in a shard, in data-object order."""
-        wanted = sorted({*self.columns, "sample_id", "view", "index"})
-        table = _manifest_columns(self.output, shard, wanted)
-        rows = [r for r in table.to_pylist() if r["view"] == self.view]
-        return sorted(rows, key=lambda r: r["index"])
-
-    def _item(self, row: dict, image: bytes) -> dict:
-        item = {c: _column_value(c, row[c]) for c in self.columns}
-        if self.decode:
-            try:
-                item["image"] = codec.decode(codec.open_image(image, self._max_pixels))
-            except codec.DecodeError as error:
-                raise UsageError(
-                    f"{self.output.location.uri}: sample {row['sample_id']} does not decode "
-                    f"({error})"
-                ) from None
+    def _entry_items(self, entry: ShardView) -> list[list[dict]]:
+        """The manifest rows of each item of a catalogue entry, in data-object order: one row
+        per item, or the k rows of a source's k views (sources lacking one are left out)."""
+        wanted = sorted({*self.columns, "sample_id", "source_key", "view", "index", "shard"})
+        views = set(self.views)
+        rows = [
+            r
+            for shard in entry.shards or (entry.shard,)
+            for r in _manifest_columns(self.output, shard, wanted).to_pylist()
+            if r["view"] in views
+        ]
+        if self.views_per_item == 1:
+            items = [[r] for r in sorted(rows, key=lambda r: r["index"])]
         else:
-            item["image"] = image
+            of_source: dict[str, dict[int, dict]] = {}
+            for r in rows:
+                of_source.setdefault(r["source_key"], {})[r["view"]] = r
+            items = [
+                [got[v] for v in self.views]
+                for got in of_source.values()
+                if len(got) == self.views_per_item
+            ]
+            items.sort(key=lambda item: (item[0]["shard"], item[0]["index"]))
+        if len(items) != entry.samples:
+            raise UsageError(
+                f"{self.output.location.uri}: the manifests of {entry.name} hold "
+                f"{len(items)} items of views {list(self.views)}, their records "
+                f"{entry.samples} (`rayaug inspect --verify` lists every breach)"
+            )
+        return items
+
+    def _item(self, rows: list[dict], images: list[bytes]) -> dict:
+        """One item: a sample's image and columns; with several views per item, a list of the
+        source's images and of each per-view column, its source columns (label...) once."""
+        if self.views_per_item == 1:
+            item = {c: _column_value(c, rows[0][c]) for c in self.columns}
+            item["image"] = self._image(rows[0], images[0])
+            return item
+        item = {
+            c: rows[0][c] if c in SOURCE_COLUMNS else [_column_value(c, r[c]) for r in rows]
+            for c in self.columns
+        }
+        item["image"] = [self._image(r, image) for r, image in zip(rows, images, strict=True)]
         return item
+
+    def _image(self, row: dict, image: bytes) -> object:
+        if not self.decode:
+            return image
+        try:
+            return codec.decode(codec.open_image(image, self._max_pixels))
+        except codec.DecodeError as error:
+            raise UsageError(
+                f"{self.output.location.uri}: sample {row['sample_id']} does not decode ({error})"
+            ) from None
 
     @property
     def _max_pixels(self) -> int:
@@ -630,7 +781,7 @@ def _column_value(column: str, value: object) -> object:
 
 
 def _shards_digest(catalogue: Sequence[ShardView]) -> str:
-    names = "\n".join(f"{s.shard}:{s.samples}" for s in catalogue)
+    names = "\n".join(f"{s.name}:{s.samples}" for s in catalogue)
     return hashlib.sha256(names.encode()).hexdigest()[:16]
 
 

@@ -191,6 +191,19 @@ def test_four_to_eight_views_equals_a_fresh_eight_view_job(
     ]
     served = [sorted(item["sample_id"] for item in epoch) for epoch in epochs]
     assert served[0] == served[1] == sorted(s for s in samples(fresh) if s.endswith("#6"))
+    # Three views per item, views 3, 4 and 5: an item joins the first run's and the growth's
+    # shards of one source, as the fresh job's one shard holds them.
+    triples = [
+        sorted(
+            tuple(item["sample_id"])
+            for item in api.open_output(p).epoch(
+                1, views_per_item=3, columns=("sample_id",), decode=False
+            )
+        )
+        for p in (grown, fresh)
+    ]
+    assert triples[0] == triples[1] and len(triples[0]) == len(served[0])
+    assert all([i.rsplit("#", 1)[1] for i in t] == ["3", "4", "5"] for t in triples[0])
 
 
 def test_new_parquet_file_is_the_only_work(ray_cluster: str, photos, tmp_path: Path) -> None:

@@ -227,13 +227,23 @@ def test_webdataset_shard(
             "view": sample.view,
             "label": sample.label,
         }
-        if sample.label is None:
-            assert "txt" not in item
-        else:
-            assert item["txt"] == sample.label
+        assert "txt" not in item  # the label is the JSON's: no member of its own
     assert any(s.label is None for s in result.samples)
     _check_manifest(out, result, [item["jpg"] for item in raw], "jpeg")
     _check_errors(out, result)
+    # rayaug reads its own output as WebDataset input: the label from the JSON
+    from rayaug.formats import input_format
+    from rayaug.spec import InputSpec
+
+    read = list(
+        input_format("webdataset").read_source(
+            open_location(str(local_copy.parent), StorageSpec()),
+            InputSpec(uri=str(local_copy.parent)),
+            local_copy.name,
+        )
+    )
+    assert [r.label for r in read] == [s.label for s in written]
+    assert [r.data for r in read] == [s.image for s in written]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])

@@ -235,6 +235,11 @@ class ShardFile(OutputFormat):
         format's samples cannot be read apart."""
         return None
 
+    def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
+        """The images of consecutive samples from one ranged read of their spans (`spans`:
+        where each starts in the object, and where the last ends), in order."""
+        raise NotImplementedError
+
     def write(
         self,
         out: Location,

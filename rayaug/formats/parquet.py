@@ -3,13 +3,17 @@
 Input: units are row ranges of one file (never two), read row group by row group; a row group
 that cannot be decoded (a corrupt page under a valid footer) quarantines its rows only. A row's
 key is its key column, or `file:row`; a key that repeats anywhere in the input is found at plan
-time. Output: the columns of DATA_SCHEMA, uncompressed (encoded images do not compress).
+time. Output: the columns of DATA_SCHEMA, uncompressed (encoded images do not compress), in
+one row group whose `image` column is one PLAIN page (no dictionary, no statistics): each
+image lies as raw bytes after its 4-byte length, one after another, and the byte span of each
+is recorded in the manifest, so a reader fetches some samples by ranged reads.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -26,7 +30,6 @@ from rayaug.formats.base import (
     ShardFile,
     data_table,
     images_of,
-    parquet_bytes,
     shard_name,
     with_targets,
 )
@@ -90,7 +93,49 @@ class ParquetOutput(ShardFile):
         # column: by_view's folders `data/view=E/` are its hive partition (a reader of `data/`
         # as one dataset would refuse a column of the same name).
         table = data_table(samples).drop_columns(["view"])
-        return parquet_bytes(table, compression="none")
+        others = [name for name in table.column_names if name != "image"]
+        buffer = io.BytesIO()
+        pq.write_table(
+            table,
+            buffer,
+            compression="none",
+            use_dictionary=others,
+            write_statistics=others,
+            row_group_size=max(table.num_rows, 1),
+            data_page_size=1 << 40,  # one page: no page header between two images
+            data_page_version="1.0",
+        )
+        return buffer.getvalue()
+
+    def spans(self, data: bytes) -> list[int] | None:
+        """Where each image's 4-byte length starts, and where the last image ends: found by
+        the bytes themselves, so a page boundary, or a writer that laid them out otherwise,
+        gives None (the object is then read whole), never a wrong span."""
+        images = pq.read_table(io.BytesIO(data), columns=["image"]).column("image").to_pylist()
+        if not images or any(image is None for image in images):
+            return None
+        first = struct.pack("<I", len(images[0])) + images[0]
+        at = data.find(first)
+        if at < 0:
+            return None
+        starts = []
+        for image in images:
+            value = struct.pack("<I", len(image)) + image
+            if data[at : at + len(value)] != value:
+                return None
+            starts.append(at)
+            at += len(value)
+        return [*starts, at]
+
+    def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
+        """Each span of a run is an image's 4-byte length and its bytes."""
+        images, base = [], spans[0]
+        for begin, end in itertools.pairwise(spans):
+            (length,) = struct.unpack_from("<I", raw, begin - base)
+            if length != end - begin - 4:
+                raise ValueError(f"an image of {length} bytes in a span of {end - begin - 4}")
+            images.append(raw[begin - base + 4 : end - base])
+        return images
 
     def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
         column = "mask" if masks else "image"

@@ -3,8 +3,10 @@
 Input: members sharing a key (basename up to its first dot) are one sample; the key is
 `shard.tar/member-key`. Nothing is extracted to disk, so hostile member names cannot escape.
 A tar has no index: it is read in sequence, so it has no random access (no mix partners).
-Output: members `<shard>-<index>.{ext,txt,json,mask.png}` with fixed metadata (same bytes),
-one tar per view (by_view) or per shard (by_source).
+Output: members `<shard>-<index>.{ext,json,mask.png}` with fixed metadata (same bytes), the
+label in the `.json` (no `.txt` member: 1 KiB of tar framing per sample for a label the JSON
+holds already), one tar per view (by_view) or per shard (by_source). A tar without a label
+member is labelled from its `.json`'s `label`, so rayaug reads its own output as input.
 """
 
 from __future__ import annotations
@@ -77,6 +79,18 @@ class WebDatasetOutput(ShardFile):
             json.loads(m["json"])["sample_id"]: m[suffix] for m in members.values() if suffix in m
         }
 
+    def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
+        """A run of samples' spans is a small tar of those samples, in order."""
+        members: dict[str, dict[str, bytes]] = defaultdict(dict)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as archive:
+            for member in archive:
+                stem, _, extension = member.name.partition(".")
+                members[stem][extension] = archive.extractfile(member).read()
+        images = [m[output.extension] for m in members.values()]
+        if len(images) != len(spans) - 1:
+            raise ValueError(f"{len(images)} samples in a span of {len(spans) - 1}")
+        return images
+
     def spans(self, data: bytes) -> list[int]:
         """A sample's members lie together: it spans from its first header to its last
         member's padded end (a span read alone is a small tar of that sample)."""
@@ -148,9 +162,21 @@ def _tar_sample(key: str, uri: str, members: dict[str, bytes], refused: list[str
         (members[e].decode(errors="replace").strip() for e in LABEL_EXTENSIONS if e in members),
         None,
     )
+    if label is None:
+        label = _json_label(members)
     error = None if image is not None else f"no image member (found: {', '.join(sorted(members))})"
     sample = SourceSample(key, uri, image, label, error)
     return with_targets(sample, lambda: _member_targets(members))
+
+
+def _json_label(members: dict[str, bytes]) -> str | None:
+    """The `.json` member's `label` (rayaug's own output keeps it there), or None."""
+    try:
+        meta = json.loads(members["json"]) if "json" in members else None
+    except ValueError:
+        return None  # not JSON: the targets, parsed from it, quarantine the sample
+    label = meta.get("label") if isinstance(meta, dict) else None
+    return None if label is None else str(label)
 
 
 def _is_image_member(extension: str) -> bool:
@@ -169,7 +195,7 @@ def _member_targets(members: dict[str, bytes]) -> Targets | None:
 
 
 def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> bytes:
-    """WebDataset members `<shard>-<index>.{ext,txt,json,mask.png}`; fixed metadata: same bytes."""
+    """WebDataset members `<shard>-<index>.{ext,json,mask.png}`; fixed metadata: same bytes."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
         for index, sample in enumerate(samples):
@@ -185,8 +211,6 @@ def _tar_bytes(samples: list[AugmentedSample], shard: str, extension: str) -> by
             if sample.targets is not None:
                 meta |= {k: v for k, v in sample.targets.to_json().items() if k != "mask"}
             members = [(extension, sample.image), ("json", json.dumps(meta).encode())]
-            if sample.label is not None:  # text, not `.cls`: webdataset would int() a `.cls`
-                members.insert(1, ("txt", sample.label.encode()))
             if sample.targets is not None and sample.targets.mask is not None:
                 members.append((MASK_MEMBER, sample.targets.mask))
             for suffix, payload in members:

@@ -61,6 +61,8 @@ def run_reader(args: argparse.Namespace) -> int:
             ("webdataset", "by_view"),
             ("webdataset", "by_source"),
             ("parquet", "by_view"),
+            ("parquet", "by_source"),
+            ("lance", "by_view"),
         ):
             outputs[f"{fmt} {layout}"] = _write(
                 str(scratch / f"{fmt}-{layout}"), fmt, layout, sources
@@ -189,13 +191,40 @@ def _rayaug(uri: str, server: Any, workers: int, decode: bool) -> dict:
         warnings.simplefilter("ignore", UserWarning)
         epoch = out.epoch(EPOCH, batch_size=BATCH, num_workers=workers, decode=decode)
         counted = out.epoch(EPOCH, batch_size=BATCH, num_workers=workers, decode=False)
-    loader = DataLoader(epoch, batch_size=BATCH, num_workers=workers, collate_fn=_count)
+    # Lance's runtime does not survive a fork: its workers are spawned (README)
+    context = "spawn" if uri.rstrip("/").endswith("lance-by_view") else None
+    loader = DataLoader(
+        epoch,
+        batch_size=BATCH,
+        num_workers=workers,
+        collate_fn=_count,
+        multiprocessing_context=context,
+    )
     delivered, wall = _timed(loader)
     served = sum(len(item["image"]) for w in range(workers) for item in counted.serve(w))
     return {
         "samples": delivered,
         "samples_per_s": delivered / wall,
         "bytes_per_delivered_byte": counted.stats.bytes_read / served,
+    }
+
+
+def _in_process(uri: str, decode: bool) -> dict:
+    """The epoch iterated in this process, no DataLoader: the reader's own cost per sample
+    (without decode) and how close decoding through it comes to the bare loop."""
+    import rayaug
+
+    epoch = rayaug.open_output(uri).epoch(EPOCH, decode=decode)
+    started, delivered, served = time.perf_counter(), 0, 0
+    for item in epoch:
+        delivered += 1
+        served += len(item["image"]) if not decode else 0
+    wall = time.perf_counter() - started
+    return {
+        "samples": delivered,
+        "samples_per_s": delivered / wall,
+        "us_per_sample": 1e6 * wall / delivered,
+        "bytes_per_delivered_byte": epoch.stats.bytes_read / served if served else 0.0,
     }
 
 
@@ -259,6 +288,14 @@ def _measure(outputs: dict[str, str], sources: list, server: Any) -> dict:
     runs: list[tuple[str, Callable[[], dict]]] = [
         ("bare decode loop (1 process, memory)", lambda: _bare_loop(sources))
     ]
+    for name in ("webdataset by_view", "parquet by_view"):
+        for decode in (False, True):
+            runs.append(
+                (
+                    f"rayaug epoch, {name}: in process, {'decode' if decode else 'bytes'}",
+                    lambda u=outputs[name], d=decode: _in_process(u, d),
+                )
+            )
     for workers in (1, 2):
         for decode in (False, True):
             mode = f"{workers} worker{'s' * (workers > 1)}, {'decode' if decode else 'bytes'}"
@@ -284,9 +321,11 @@ def _measure(outputs: dict[str, str], sources: list, server: Any) -> dict:
     for name, run in runs:
         figures = run()
         results[name] = figures
+        us = figures.get("us_per_sample")
+        extra = "" if us is None else f"   {us:6.0f} us/sample"
         print(
             f"  {name:58s} {figures['samples_per_s']:9.0f} samples/s   "
-            f"{figures['bytes_per_delivered_byte']:5.2f} bytes read per delivered byte",
+            f"{figures['bytes_per_delivered_byte']:5.2f} bytes read per delivered byte{extra}",
             flush=True,
         )
     return results
