@@ -46,7 +46,9 @@ class Backend:
 
     fs: pafs.FileSystem
     root: str  # BUCKET/PREFIX or CONTAINER/PREFIX, as the filesystem names paths
-    storage_options: dict[str, str]  # endpoint and region for engines that open URIs themselves
+    # Endpoint, region, account for engines that open URIs themselves (Lance's object store, in
+    # its option names); no secret: `object_store_secrets` adds those in the process that calls.
+    storage_options: dict[str, str]
     # A whole-call deadline (s) where the SDK enforces none itself (a stalled call would hang).
     deadline: float | None = None
     # An atomic whole-object write, where the filesystem's output stream is not one.
@@ -221,7 +223,31 @@ def _azure(root: str, uri_account: str | None, storage: StorageSpec) -> Backend:
     # pyarrow's own URL rule: an authority with a leading dot follows the account's name.
     base = f"{account}{authority}" if authority.startswith(".") else f"{authority}/{account}"
     put = AzurePut(f"{scheme}://{base}", account, storage.connect_timeout, storage.request_timeout)
-    return Backend(pafs.AzureFileSystem(**options), root, {}, deadline=_deadline(storage), put=put)
+    # object_store's names. Its own environment lookup knows neither the connection string nor
+    # AZURE_STORAGE_KEY, so the account and the endpoint are spelt out here and the secret is
+    # added per call (object_store_secrets); with no secret, its chain (service principal
+    # variables, managed identity) applies.
+    store = {"azure_storage_account_name": account}
+    if endpoint:
+        store |= {"azure_endpoint": f"{scheme}://{base}"}
+        if scheme == "http":
+            store |= {"allow_http": "true"}
+    fs = pafs.AzureFileSystem(**options)
+    return Backend(fs, root, store, deadline=_deadline(storage), put=put)
+
+
+def object_store_secrets(scheme: str) -> dict[str, str]:
+    """The credential of `scheme` from this process's environment, in object_store's option
+    names, for an engine that opens URIs itself (Lance): the same lookup as rayaug's own
+    clients, made per call so that no Location, spec or log holds it. S3 and GCS: nothing,
+    object_store reads the AWS and Google variables itself."""
+    if scheme not in AZURE_SCHEMES:
+        return {}
+    secret = _azure_secret()
+    if secret is None:
+        return {}
+    kind, value = secret
+    return {"azure_storage_account_key" if kind == "key" else "azure_storage_sas_token": value}
 
 
 @dataclass(frozen=True)

@@ -140,8 +140,8 @@ class Location:
     fs: pafs.FileSystem
     root: str
     attempts: int
-    # The same endpoint and region for an engine that opens `uri` itself (Lance's object store,
-    # in its option names); credentials stay in the environment, as for pyarrow.
+    # The same endpoint, region and account for an engine that opens `uri` itself (Lance's
+    # object store, in its option names); no credential (see object_store_options).
     storage_options: dict[str, str] = field(default_factory=dict, compare=False)
     # Seconds a call may take where the SDK bounds none itself (rayaug.clouds); None: no bound.
     deadline: float | None = field(default=None, compare=False)
@@ -156,6 +156,13 @@ class Location:
     def scheme(self) -> str:
         """The URI scheme ("file" for a local path): what its hints and messages name."""
         return "file" if self.is_local else self.uri.split("://", 1)[0]
+
+    def object_store_options(self) -> dict[str, str]:
+        """`storage_options` with this process's credentials for the scheme (rayaug.clouds):
+        what Lance opens `uri` with. Built per call and held nowhere."""
+        if self.is_local:
+            return dict(self.storage_options)
+        return self.storage_options | clouds.object_store_secrets(self.scheme)
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root

@@ -110,17 +110,21 @@ class RecordingLocation(Location):
 
 
 def _recording(location: Location) -> RecordingLocation:
-    return RecordingLocation(
-        location.uri, location.fs, location.root, location.attempts, location.storage_options
-    )
+    fields = {f.name: getattr(location, f.name) for f in dataclasses.fields(Location)}
+    return RecordingLocation(**fields)  # its deadline and atomic put (Azure) included
+
+
+# URI scheme: the session's server fixture
+SERVERS = {"s3": "s3", "gs": "gcs", "az": "azure", "abfss": "azure"}
 
 
 def output_at(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:
-    """A recording output location, "local" or on the session's "s3" server."""
+    """A recording output location, "local" or on the session's server of a URI scheme
+    (a key of SERVERS)."""
     if where == "local":
         return _recording(open_location(str(tmp_path / "out"), StorageSpec(retries=1)))
-    request.getfixturevalue("s3")
-    uri = f"s3://{BUCKET}/test-sinks-{uuid.uuid4().hex}"
+    request.getfixturevalue(SERVERS[where])
+    uri = f"{where}://{BUCKET}/test-sinks-{uuid.uuid4().hex}"
     return _recording(open_location(uri, StorageSpec(retries=1)))
 
 

@@ -2,8 +2,11 @@
 
 The end-to-end test starts its own Ray head (`ray start --head --block`, loopback only, in its own
 session and temp dir), submits a tiny job with the CLI as a user would, waits for it, and reads the
-output. The head is stopped by its own pids (every process of the session it leads), never with
-`ray stop`, which would end every Ray on the machine.
+output. Its output is on an Azurite of this module (az://): the node has the account's key in its
+environment, the submitter forwards the account's name and the spec names the endpoint, so the
+job writes only if each reached it, and no key is in what the cluster recorded. The head is stopped
+by its own pids (every process of the session it leads), never with `ray stop`, which would end
+every Ray on the machine.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from azureserver import Azurite
 
 from rayaug import sampledata, submit
 from rayaug.errors import UsageError
@@ -82,7 +87,9 @@ def _environ_without_ray_address() -> dict[str, str]:
 
 
 def _cli_env(**extra: str) -> dict[str, str]:
-    env = _environ_without_ray_address()
+    """This process's environment without Ray's address and without Azure settings of other
+    tests' servers (the session Azurite's connection string), plus `extra`."""
+    env = {k: v for k, v in _environ_without_ray_address().items() if not k.startswith("AZURE")}
     env.update(AWS_EC2_METADATA_DISABLED="true", **extra)
     return env
 
@@ -146,9 +153,13 @@ def _wait_for_dashboard(url: str, process: subprocess.Popen, log: Path, timeout:
 
 
 @contextlib.contextmanager
-def _head(bin_dir: Path, *, hide: tuple[str, ...] = ()) -> Iterator[Head]:
+def _head(
+    bin_dir: Path, *, hide: tuple[str, ...] = (), node_env: dict[str, str] | None = None
+) -> Iterator[Head]:
     """A Ray head on loopback with the dashboard (Jobs API), in its own session and temp dir,
-    started from the Python of `bin_dir` (jobs run the `python` first on the head's PATH)."""
+    started from the Python of `bin_dir` (jobs run the `python` first on the head's PATH), with
+    no Azure variable of this process and `node_env` (a node's own credentials) in its
+    environment."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: unix sockets < 107
     ports = {
         name: _free_port()
@@ -176,8 +187,13 @@ def _head(bin_dir: Path, *, hide: tuple[str, ...] = ()) -> Iterator[Head]:
     ]  # fmt: skip
     for name, port in ports.items():
         command += [f"--{name}", str(port)]
-    env = {k: v for k, v in _environ_without_ray_address().items() if k not in hide}
+    env = {
+        k: v
+        for k, v in _environ_without_ray_address().items()
+        if k not in hide and not k.startswith("AZURE")
+    }
     env.update(
+        **(node_env or {}),
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         RAY_USAGE_STATS_ENABLED="0",
@@ -199,10 +215,27 @@ def _head(bin_dir: Path, *, hide: tuple[str, ...] = ()) -> Iterator[Head]:
         assert not left, f"processes of the test head still running: {left}"
 
 
+CONTAINER = "submitted"
+
+
 @pytest.fixture(scope="module")
-def ray_head() -> Iterator[Head]:
-    """A head whose Python is rayaug's own venv: a cluster image with rayaug installed."""
-    with _head(BIN) as head:
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """An Azurite of this module (not the session's `azure`, which would group these tests
+    with the session Ray's: two Rays side by side on two cores), with container CONTAINER."""
+    server = Azurite(tmp_path_factory.mktemp("azurite"))
+    server.start()
+    try:
+        server.create_bucket(CONTAINER)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_head(azurite: Azurite) -> Iterator[Head]:
+    """A head whose Python is rayaug's own venv: a cluster image with rayaug installed, on a
+    node whose environment holds the storage account's key (and nothing else of Azure)."""
+    with _head(BIN, node_env={"AZURE_STORAGE_ACCOUNT_KEY": azurite.key}) as head:
         yield head
 
 
@@ -264,50 +297,75 @@ def _submit(tmp_path: Path, url: str, *options: str, timeout: float = 300, **env
     )
 
 
-def _read_back(out: Path, printed: str) -> list[str]:
-    """The committed output's sample ids, from its manifests; `inspect --verify` must pass."""
-    assert (out / "_SUCCESS").is_file(), printed
-    manifests = sorted((out / "manifests").glob("*.parquet"))
+def _read_back(out: str, printed: str, fs: pafs.FileSystem | None = None, **env: str) -> list[str]:
+    """The committed output's sample ids, from its manifests; `inspect --verify` (run with
+    `env`) must pass. `fs` reads a cloud URI's objects (default: `out` is a local path)."""
+    path = out.split("://", 1)[1] if fs else out
+    fs = fs or pafs.LocalFileSystem()
+    assert fs.get_file_info(f"{path}/_SUCCESS").type == pafs.FileType.File, printed
+    manifests = sorted(
+        info.path
+        for info in fs.get_file_info(pafs.FileSelector(f"{path}/manifests"))
+        if info.path.endswith(".parquet")
+    )
     verify = subprocess.run(
-        [str(RAYAUG), "inspect", str(out), "--verify"],
-        env=_cli_env(), capture_output=True, text=True, timeout=120,
+        [str(RAYAUG), "inspect", out, "--verify"],
+        env=_cli_env(**env), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert verify.returncode == 0 and "verify: OK" in verify.stdout, verify.stdout + verify.stderr
-    return [s for path in manifests for s in pq.read_table(path).column("sample_id").to_pylist()]
+    return [
+        s
+        for manifest in manifests
+        for s in pq.read_table(manifest, filesystem=fs).column("sample_id").to_pylist()
+    ]
 
 
 @pytest.mark.slow
-def test_submit_and_wait_on_a_real_head(ray_head: Head, tmp_path: Path) -> None:
-    """A cluster whose image has rayaug: only the package and the spec travel."""
-    _job(tmp_path)
+def test_submit_and_wait_on_a_real_head(ray_head: Head, azurite: Azurite, tmp_path: Path) -> None:
+    """A cluster whose image has rayaug: only the package and the spec travel. The job writes
+    to az://: the account's name travels as a forwarded setting, the endpoint in the spec, the
+    key only on the node (the submitter's own key, set here too, must not travel)."""
+    out = f"az://{CONTAINER}/{tmp_path.name}/out"
+    storage = f"storage: {{endpoint: 'http://{azurite.endpoint}'}}\n"
+    _job(tmp_path, SPEC.replace("{uri: out,", f"{{uri: '{out}',") + storage)
     started = time.monotonic()
     result = _submit(
         tmp_path, ray_head.url, "--no-ship-deps",
         RAY_ADDRESS="127.0.0.1:1", **FAKE_SECRETS,  # --address must win
+        AZURE_STORAGE_ACCOUNT_NAME=azurite.account, AZURE_STORAGE_ACCOUNT_KEY=azurite.key,
     )  # fmt: skip
     printed = result.stdout + result.stderr
     assert result.returncode == 0, printed
     assert time.monotonic() - started < 240, printed
 
-    sample_ids = _read_back(tmp_path / "out", printed)
+    reader = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string()}
+    sample_ids = _read_back(out, printed, azurite.filesystem(), **reader)
     assert len(sample_ids) == len(set(sample_ids)) == 16, printed
     assert "SUCCEEDED" in result.stdout
     assert "done: 16 samples" in printed  # the job's own log, streamed back
-    for secret in _secrets_to_hide():
+    hidden = [*_secrets_to_hide(), azurite.key]
+    for secret in hidden:
         assert secret not in printed
 
-    # What the cluster recorded of the submission: the forwarded setting, no credential.
+    # What the cluster recorded of the submission: the forwarded settings, no credential.
     job_id = re.search(r"submitted (\S+) to ", result.stdout).group(1)
     info = submit._client(ray_head.url).get_job_info(job_id)
     recorded = json.dumps({"env": info.runtime_env, "entrypoint": info.entrypoint,
                            "metadata": info.metadata})  # fmt: skip
     env_vars = info.runtime_env["env_vars"]
     assert env_vars["AWS_EC2_METADATA_DISABLED"] == "true"
+    assert env_vars["AZURE_STORAGE_ACCOUNT_NAME"] == azurite.account
     assert set(env_vars) <= set(FORWARDED_ENV)
     assert "pip" not in info.runtime_env
     assert info.entrypoint == submit.entrypoint("job.yaml")
-    for secret in _secrets_to_hide():
+    for secret in hidden:
         assert secret not in recorded
+    # Nor in any object the job wrote (its resolved spec included).
+    fs = azurite.filesystem()
+    for item in fs.get_file_info(pafs.FileSelector(out.split("://", 1)[1], recursive=True)):
+        if item.type == pafs.FileType.File:
+            with fs.open_input_stream(item.path) as stream:
+                assert azurite.key.encode() not in stream.read(), item.path
 
 
 @pytest.mark.slow
@@ -347,7 +405,7 @@ def test_a_plain_ray_head_runs_the_job_with_shipped_requirements(
     print(f"first job on a plain Ray head, environment included: {time.monotonic() - started:.0f}s")
 
     out = tmp_path / "out"
-    sample_ids = _read_back(out, printed)
+    sample_ids = _read_back(str(out), printed)
     assert len(sample_ids) == len(set(sample_ids)) == 16, printed
     import webdataset
 

@@ -20,9 +20,22 @@ if TYPE_CHECKING:
 
 INPUTS = ("parquet", "webdataset", "folder")  # the order `auto` looks for them in
 OUTPUTS = ("parquet", "webdataset", "lance")
-# Output formats that write through an object store of their own, which rayaug configures for
-# these URI schemes only (Lance: local disk and S3). Known without importing the format.
-OUTPUT_SCHEMES = {"lance": ("file", "s3")}
+# Output formats that write through an object store of their own, which rayaug configures and
+# has tested on these URI schemes only. Known without importing the format.
+OUTPUT_SCHEMES = {"lance": ("file", "s3", "az", "abfss")}
+# Why such a format is refused on a scheme it is not wired for, where there is more to say.
+NOT_WIRED = {
+    ("lance", "gs"): (
+        "Lance's object store lists, probes and uploads large files through GCS's XML API "
+        "(GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST ?uploads), which the GCS emulator "
+        "rayaug is tested against (gcp-storage-emulator) answers with 501 Not Implemented, so "
+        "it is untested there"
+    ),
+    ("lance", "abfs"): (
+        "Lance 14 has no object store for the abfs:// scheme; the same container is "
+        "az://CONTAINER/PREFIX or abfss://CONTAINER/PREFIX"
+    ),
+}
 AUTO = "auto"  # input.format: detected from the listed files' extensions
 FALLBACK = "folder"  # what `auto` reads when no file is claimed by any input format
 
@@ -66,10 +79,11 @@ def scheme_refusal(name: str, uri: str) -> str | None:
     if usable is None or scheme in usable:
         return None
     others = " or ".join(n for n in OUTPUTS if n not in OUTPUT_SCHEMES)
-    where = " and ".join("local disk" if s == "file" else f"{s}://" for s in usable)
+    where = ", ".join("local disk" if s == "file" else f"{s}://" for s in usable)
+    why = NOT_WIRED.get((name, scheme))
     return (
-        f"format {name} is not available on {scheme}:// yet ({where} only); "
-        f"use format {others} there"
+        f"format {name} is not available on {scheme}:// yet ({where} only"
+        f"{': ' + why if why else ''}); use format {others} there"
     )
 
 

@@ -75,7 +75,7 @@ class LanceOutput(OutputFormat):
                 # "overwrite" only assigns field ids from the schema alone (the same in every
                 # shard, existing dataset or not); it commits nothing.
                 mode="overwrite",
-                storage_options=out.storage_options,
+                storage_options=out.object_store_options(),
             ),
             f"writing {out.uri_of(DATASET)} (shard {shard})",
             out.attempts,
@@ -97,7 +97,7 @@ class LanceOutput(OutputFormat):
         columns = ["sample_id", "mask" if masks else "image"]
         table = retrying(
             lambda: (
-                lance.file.LanceFileReader(uri, out.storage_options, columns=columns)
+                lance.file.LanceFileReader(uri, out.object_store_options(), columns=columns)
                 .read_all()
                 .to_table()
             ),
@@ -113,7 +113,7 @@ class LanceOutput(OutputFormat):
         operation = lance.LanceOperation.Overwrite(DATA_SCHEMA, fragments)
         retrying(
             lambda: lance.LanceDataset.commit(
-                out.uri_of(DATASET), operation, storage_options=out.storage_options
+                out.uri_of(DATASET), operation, storage_options=out.object_store_options()
             ),
             f"committing {out.uri_of(DATASET)}",
             out.attempts,
@@ -135,7 +135,7 @@ class LanceOutput(OutputFormat):
         if not out.exists(f"{DATASET}/_versions"):
             return None
         dataset = retrying(
-            lambda: lance.dataset(out.uri_of(DATASET), storage_options=out.storage_options),
+            lambda: lance.dataset(out.uri_of(DATASET), storage_options=out.object_store_options()),
             f"reading {out.uri_of(DATASET)}",
             out.attempts,
         )
