@@ -309,8 +309,8 @@ def test_hostile_webdataset_shards(ray_cluster: str, worker_cwd: Path, tmp_path:
     for tar in (out / "data").rglob("*.tar"):  # data/view=E/ with several views
         with tarfile.open(tar) as archive:
             names += archive.getnames()
-    assert len(names) == 2 * len(rows) + 2 * VIEWS  # image + json each, txt if labelled
-    assert all(re.fullmatch(r"part-\d{5}-\d{6}\.(png|txt|json)", name) for name in names)
+    assert len(names) == 2 * len(rows)  # image + json each; a label lives in the json
+    assert all(re.fullmatch(r"part-\d{5}-\d{6}\.(png|json)", name) for name in names)
 
 
 # ---------------------------------------------------------------- fault 6: Parquet rows
