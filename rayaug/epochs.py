@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rayaug import codec, commit
@@ -202,6 +203,13 @@ def _manifest_columns(output: Output, shard: str, columns: Sequence[str]):
             return pq.read_table(handle, columns=list(columns))
 
     return retrying(read, f"reading {out.uri_of(path)}", out.attempts)
+
+
+def _view_rows(manifest: pa.Table, views: Sequence[int]) -> list[dict]:
+    """The rows of the given views, filtered before any row becomes a Python dict: an
+    epoch wants one view in eight of a manifest, and the dicts cost more than the read."""
+    wanted = pa.array(views, manifest.schema.field("view").type)
+    return manifest.filter(pc.is_in(manifest["view"], value_set=wanted)).to_pylist()
 
 
 # ---------------------------------------------------------------- the order
@@ -718,12 +726,10 @@ class Epoch(_iterable_base()):
         """The manifest rows of each item of a catalogue entry, in data-object order: one row
         per item, or the k rows of a source's k views (sources lacking one are left out)."""
         wanted = sorted({*self.columns, "sample_id", "source_key", "view", "index", "shard"})
-        views = set(self.views)
         rows = [
             r
             for shard in entry.shards or (entry.shard,)
-            for r in _manifest_columns(self.output, shard, wanted).to_pylist()
-            if r["view"] in views
+            for r in _view_rows(_manifest_columns(self.output, shard, wanted), self.views)
         ]
         if self.views_per_item == 1:
             items = [[r] for r in sorted(rows, key=lambda r: r["index"])]

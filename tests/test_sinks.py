@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import tarfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,37 @@ def test_webdataset_shard(
     )
     assert [r.label for r in read] == [s.label for s in written]
     assert [r.data for r in read] == [s.image for s in written]
+
+
+def test_the_reader_of_a_webdataset_shard_reads_what_tarfile_reads(
+    photos: list[SamplePhoto],
+) -> None:
+    """An epoch reads rayaug's tars without tarfile (its hot path): whole, by span runs, and
+    any tar that is not plain ustar through tarfile, which still refuses a broken one."""
+    fmt, output = output_format("webdataset"), OutputSpec(uri="/o", format="webdataset")
+    samples = _written(_augmented(photos[:4]))
+    data = fmt.encode(samples, SHARD, output)
+    expected = {s.sample_id: s.image for s in samples}
+    assert fmt.decode(data, output, masks=False) == expected
+    spans = fmt.spans(data)
+    assert fmt.split(data[spans[1] : spans[5]], spans[1:6], output) == [
+        s.image for s in samples[1:5]
+    ]
+
+    pax = io.BytesIO()  # a name past ustar's 100 bytes needs a pax header
+    with tarfile.open(fileobj=pax, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for suffix, payload in (("jpg", b"image"), ("json", b'{"sample_id": "s#0"}')):
+            info = tarfile.TarInfo(f"{'k' * 120}.{suffix}")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    assert fmt.decode(pax.getvalue(), output, masks=False) == {"s#0": b"image"}
+
+    bad_checksum = bytearray(data)
+    bad_checksum[0] ^= 1  # a member name's byte: the header's checksum no longer holds
+    with pytest.raises(tarfile.TarError):
+        fmt.decode(bytes(bad_checksum), output, masks=False)
+    with pytest.raises(tarfile.TarError):
+        fmt.split(data[spans[1] : spans[1] + 600], spans[1:3], output)  # cut in an image
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
