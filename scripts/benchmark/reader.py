@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_reader(args: argparse.Namespace) -> int:
+    # Lance, loaded here to write its output, warns at every fork; only the other readers'
+    # DataLoader workers are forked, and they never touch Lance (its own are spawned).
+    warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
     scratch = Path(tempfile.mkdtemp(prefix="rayaug-bench-reader."))
     server = None
     try:
