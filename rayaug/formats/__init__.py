@@ -22,7 +22,7 @@ INPUTS = ("parquet", "webdataset", "folder")  # the order `auto` looks for them 
 OUTPUTS = ("parquet", "webdataset", "lance")
 # Output formats that write through an object store of their own, which rayaug configures and
 # has tested on these URI schemes only. Known without importing the format.
-OUTPUT_SCHEMES = {"lance": ("file", "s3", "az", "abfss")}
+OUTPUT_SCHEMES = {"lance": ("file", "s3", "az", "abfss", "abfs")}
 # Why such a format is refused on a scheme it is not wired for, where there is more to say.
 NOT_WIRED = {
     ("lance", "gs"): (
@@ -30,10 +30,6 @@ NOT_WIRED = {
         "(GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST ?uploads), which the GCS emulator "
         "rayaug is tested against (gcp-storage-emulator) answers with 501 Not Implemented, so "
         "it is untested there"
-    ),
-    ("lance", "abfs"): (
-        "Lance 14 has no object store for the abfs:// scheme; the same container is "
-        "az://CONTAINER/PREFIX or abfss://CONTAINER/PREFIX"
     ),
 }
 AUTO = "auto"  # input.format: detected from the listed files' extensions
