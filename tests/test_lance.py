@@ -55,10 +55,13 @@ def _manifest_rows(out: Location) -> list[tuple[str, str]]:
 
 # gcp-storage-emulator 2026.7.19 answers 501 Not Implemented to the XML API calls Lance's
 # object store makes on gs:// (checked: GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST
-# /BUCKET/OBJECT?uploads; it serves only the XML API's plain PUT and GET of one object).
+# /BUCKET/OBJECT?uploads; it serves only the XML API's plain PUT and GET of one object). Lance's
+# OpenDAL store (use_opendal) speaks the JSON API it serves, but its first upload fails: the
+# emulator answers an upload sent without Content-Type with "contentType": null.
 GCS_EMULATOR_LACKS = (
     "gcp-storage-emulator answers 501 to the GCS XML API calls Lance's object store makes "
-    "(list GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, multipart POST ?uploads); "
+    "(list GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, multipart POST ?uploads), and "
+    "Lance's use_opendal store rejects its upload answer (contentType null); "
     "output.format lance is refused on gs:// at validation"
 )
 STORES = [

@@ -372,6 +372,7 @@ def test_lance_on_google_is_refused_naming_the_calls_its_emulator_lacks() -> Non
         "(local disk, s3://, az://, abfss://, abfs:// only: "
     )
     assert "GET /BUCKET?list-type=2" in message and "gcp-storage-emulator" in message
+    assert "use_opendal" in message and "contentType null" in message
     assert message.endswith("use format parquet or webdataset there")
 
 
