@@ -236,6 +236,18 @@ def _azure(root: str, uri_account: str | None, storage: StorageSpec) -> Backend:
     return Backend(fs, root, store, deadline=_deadline(storage), put=put)
 
 
+# Lance 14 has object stores for az:// and abfss:// but not abfs://. object_store reads abfs and
+# abfss URIs alike (the container, and the account of a CONTAINER@ACCOUNT host; the endpoint, not
+# the scheme, decides TLS, as in rayaug's own clients), so an abfs URI is handed over as abfss.
+_OBJECT_STORE_SCHEMES = {"abfs": "abfss"}
+
+
+def object_store_uri(uri: str) -> str:
+    """`uri` as an engine on object_store (Lance) opens it: the same container and path."""
+    scheme, separator, rest = uri.partition("://")
+    return f"{_OBJECT_STORE_SCHEMES.get(scheme, scheme)}{separator}{rest}"
+
+
 def object_store_secrets(scheme: str) -> dict[str, str]:
     """The credential of `scheme` from this process's environment, in object_store's option
     names, for an engine that opens URIs itself (Lance): the same lookup as rayaug's own

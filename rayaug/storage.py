@@ -164,6 +164,11 @@ class Location:
             return dict(self.storage_options)
         return self.storage_options | clouds.object_store_secrets(self.scheme)
 
+    def object_store_uri(self, relative: str) -> str:
+        """`uri_of(relative)` as Lance opens it (rayaug.clouds.object_store_uri); messages
+        keep naming `uri_of`, the user's spelling."""
+        return clouds.object_store_uri(self.uri_of(relative))
+
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
 

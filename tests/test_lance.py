@@ -2,9 +2,9 @@
 
 Shards write fragments, their manifests record them, and the driver commits the dataset version
 of exactly the committed shards' fragments: locally, on the session's S3 server and on its
-Azurite (az://), after a retried shard, and after a driver killed between a shard's fragment
-and its manifest. gs:// is refused at validation (tests/test_spec.py says why); the GCS
-emulator case below is skipped with the calls it lacks.
+Azurite (az://, abfss://, abfs://), after a retried shard, and after a driver killed between a
+shard's fragment and its manifest. gs:// is refused at validation (tests/test_spec.py says why);
+the GCS emulator case below is skipped with the calls it lacks.
 """
 
 from __future__ import annotations
@@ -55,10 +55,13 @@ def _manifest_rows(out: Location) -> list[tuple[str, str]]:
 
 # gcp-storage-emulator 2026.7.19 answers 501 Not Implemented to the XML API calls Lance's
 # object store makes on gs:// (checked: GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST
-# /BUCKET/OBJECT?uploads; it serves only the XML API's plain PUT and GET of one object).
+# /BUCKET/OBJECT?uploads; it serves only the XML API's plain PUT and GET of one object). Lance's
+# OpenDAL store (use_opendal) speaks the JSON API it serves, but its first upload fails: the
+# emulator answers an upload sent without Content-Type with "contentType": null.
 GCS_EMULATOR_LACKS = (
     "gcp-storage-emulator answers 501 to the GCS XML API calls Lance's object store makes "
-    "(list GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, multipart POST ?uploads); "
+    "(list GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, multipart POST ?uploads), and "
+    "Lance's use_opendal store rejects its upload answer (contentType null); "
     "output.format lance is refused on gs:// at validation"
 )
 STORES = [
@@ -69,10 +72,14 @@ STORES = [
         ("gs", [pytest.mark.skip(reason=GCS_EMULATOR_LACKS)]),
     )
 ]
+# Azurite's containers by the other Azure schemes; Lance itself opens no abfs:// URI.
+ABFS = pytest.param("abfs", marks=pytest.mark.s3)
 
 
 @pytest.mark.parametrize("layout", ["by_source", "by_view"])
-@pytest.mark.parametrize("where", ["local", *STORES, pytest.param("abfss", marks=pytest.mark.s3)])
+@pytest.mark.parametrize(
+    "where", ["local", *STORES, pytest.param("abfss", marks=pytest.mark.s3), ABFS]
+)
 def test_the_dataset_version_holds_exactly_the_committed_shards(
     where: str,
     layout: str,
@@ -101,7 +108,7 @@ def test_the_dataset_version_holds_exactly_the_committed_shards(
     assert sorted(images) == sorted(s.sample_id for s in results[2].samples)
 
     finish_output(out, output, committed)
-    uri = out.uri_of(DATASET)
+    uri = out.object_store_uri(DATASET)  # abfs:// is opened at abfss://, as a user must
     dataset = lance.dataset(uri, storage_options=out.object_store_options())
     assert dataset.count_rows() == 3 * 6
     assert _rows(dataset) == _manifest_rows(out)  # shard order, each sample once
@@ -135,7 +142,15 @@ def _reader_options(scheme: str, server) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("scheme", STORES)
+def _job_uri(scheme: str, server) -> str:
+    """A fresh output URI; abfs:// in its CONTAINER@ACCOUNT.dfs.core.windows.net form."""
+    prefix = f"{uuid.uuid4().hex[:8]}/out"
+    if scheme == "abfs":
+        return f"abfs://{BUCKET}@{server.account}.dfs.core.windows.net/{prefix}"
+    return f"{scheme}://{BUCKET}/{prefix}"
+
+
+@pytest.mark.parametrize("scheme", [*STORES, ABFS])
 def test_a_job_writes_a_lance_dataset_to_object_storage(
     scheme: str, request: pytest.FixtureRequest, ray_cluster: str, photo_folder: Path
 ) -> None:
@@ -144,7 +159,7 @@ def test_a_job_writes_a_lance_dataset_to_object_storage(
     import ray
 
     server = request.getfixturevalue(SERVERS[scheme])
-    uri = f"{scheme}://{BUCKET}/{uuid.uuid4().hex[:8]}/out"
+    uri = _job_uri(scheme, server)
     spec = parse_spec(
         {
             "input": {"uri": str(photo_folder)},
@@ -160,10 +175,12 @@ def test_a_job_writes_a_lance_dataset_to_object_storage(
     verified = CliRunner().invoke(main, ["inspect", uri, "--verify"], catch_exceptions=False)
     assert verified.exit_code == 0 and "verify: OK" in verified.output, verified.output
     options = _reader_options(scheme, server)
-    dataset = lance.dataset(f"{uri}/{DATASET}", storage_options=options)
+    # A user reads an abfs:// output's dataset at abfss://, the same container and path.
+    at = f"{uri}/{DATASET}".replace("abfs://", "abfss://", 1)
+    dataset = lance.dataset(at, storage_options=options)
     assert dataset.count_rows() == 48 and _rows(dataset) == _manifest_rows(out)
     assert dataset.schema.field("image").type == pa.binary()
-    rows = ray.data.read_lance(f"{uri}/{DATASET}", storage_options=options).take_all()
+    rows = ray.data.read_lance(at, storage_options=options).take_all()
     assert sorted(r["sample_id"] for r in rows) == sorted(s for s, _ in _manifest_rows(out))
     # The epoch reader serves view 1's samples, each once, with the bytes the manifest records.
     view = rayaug.open_output(uri)
@@ -174,7 +191,7 @@ def test_a_job_writes_a_lance_dataset_to_object_storage(
     sample = rows[0]["sample_id"]
     assert replay(outputs.recorded_output(out), sample, spec.storage).matches
     # The key handed to Lance per call (Azure) is in no object of the output.
-    secret = (server.key if scheme == "az" else server.secret_key).encode()
+    secret = (server.secret_key if scheme == "s3" else server.key).encode()
     assert not any(secret in out.read_bytes(path) for path, _ in out.list(recursive=True))
 
 

@@ -116,7 +116,7 @@ def _recording(location: Location) -> RecordingLocation:
 
 
 # URI scheme: the session's server fixture
-SERVERS = {"s3": "s3", "gs": "gcs", "az": "azure", "abfss": "azure"}
+SERVERS = {"s3": "s3", "gs": "gcs", "az": "azure", "abfss": "azure", "abfs": "azure"}
 
 
 def output_at(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> RecordingLocation:

@@ -369,27 +369,23 @@ def test_lance_on_google_is_refused_naming_the_calls_its_emulator_lacks() -> Non
     (message,) = refused.value.messages
     assert message.startswith(
         "output: format lance is not available on gs:// yet "
-        "(local disk, s3://, az://, abfss:// only: "
+        "(local disk, s3://, az://, abfss://, abfs:// only: "
     )
     assert "GET /BUCKET?list-type=2" in message and "gcp-storage-emulator" in message
+    assert "use_opendal" in message and "contentType null" in message
     assert message.endswith("use format parquet or webdataset there")
 
 
-@pytest.mark.parametrize("uri", ["az://container/out", "abfss://c@acct.dfs.core.windows.net/out"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "az://container/out",
+        "abfss://c@acct.dfs.core.windows.net/out",
+        "abfs://c/out",
+        "abfs://c@acct.dfs.core.windows.net/out",
+    ],
+)
 def test_lance_on_azure_is_accepted(uri: str) -> None:
     output = {"uri": uri, "format": "lance"}
     data = {"input": {"uri": "in"}, "output": output, "ops": [{"name": "horizontal_flip"}]}
     assert parse_spec(data).output.format == "lance"
-
-
-def test_lance_on_abfs_names_the_schemes_that_reach_the_same_container() -> None:
-    output = {"uri": "abfs://c/out", "format": "lance"}
-    data = {"input": {"uri": "in"}, "output": output, "ops": [{"name": "horizontal_flip"}]}
-    with pytest.raises(SpecError) as refused:
-        parse_spec(data)
-    assert refused.value.messages == [
-        "output: format lance is not available on abfs:// yet (local disk, s3://, az://, "
-        "abfss:// only: Lance 14 has no object store for the abfs:// scheme; the same container "
-        "is az://CONTAINER/PREFIX or abfss://CONTAINER/PREFIX); use format parquet or "
-        "webdataset there"
-    ]

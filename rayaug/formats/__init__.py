@@ -22,18 +22,16 @@ INPUTS = ("parquet", "webdataset", "folder")  # the order `auto` looks for them 
 OUTPUTS = ("parquet", "webdataset", "lance")
 # Output formats that write through an object store of their own, which rayaug configures and
 # has tested on these URI schemes only. Known without importing the format.
-OUTPUT_SCHEMES = {"lance": ("file", "s3", "az", "abfss")}
+OUTPUT_SCHEMES = {"lance": ("file", "s3", "az", "abfss", "abfs")}
 # Why such a format is refused on a scheme it is not wired for, where there is more to say.
 NOT_WIRED = {
+    # Checked with pylance 14.0.2 and gcp-storage-emulator 2026.7.19, the only GCS server here.
     ("lance", "gs"): (
-        "Lance's object store lists, probes and uploads large files through GCS's XML API "
-        "(GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST ?uploads), which the GCS emulator "
-        "rayaug is tested against (gcp-storage-emulator) answers with 501 Not Implemented, so "
-        "it is untested there"
-    ),
-    ("lance", "abfs"): (
-        "Lance 14 has no object store for the abfs:// scheme; the same container is "
-        "az://CONTAINER/PREFIX or abfss://CONTAINER/PREFIX"
+        "Lance's GCS object store (endpoint: google_base_url) lists, probes and uploads large "
+        "files through GCS's XML API (GET /BUCKET?list-type=2, HEAD /BUCKET/OBJECT, POST "
+        "?uploads), which the GCS emulator rayaug is tested against (gcp-storage-emulator) "
+        "answers with 501 Not Implemented, and Lance's JSON API store (use_opendal) rejects "
+        "the emulator's upload answer (contentType null), so it is untested there"
     ),
 }
 AUTO = "auto"  # input.format: detected from the listed files' extensions

@@ -70,7 +70,7 @@ class LanceOutput(OutputFormat):
         return retrying(
             lambda: write_fragments(
                 data_table(samples),
-                out.uri_of(DATASET),
+                out.object_store_uri(DATASET),
                 schema=DATA_SCHEMA,
                 # "overwrite" only assigns field ids from the schema alone (the same in every
                 # shard, existing dataset or not); it commits nothing.
@@ -93,7 +93,7 @@ class LanceOutput(OutputFormat):
     ) -> dict[str, bytes]:
         """A data file read with Lance's file reader: a shard committed by a running job is
         readable before the driver commits the dataset version."""
-        uri = out.uri_of(data.path)
+        uri = out.object_store_uri(data.path)
         columns = ["sample_id", "mask" if masks else "image"]
         table = retrying(
             lambda: (
@@ -101,7 +101,7 @@ class LanceOutput(OutputFormat):
                 .read_all()
                 .to_table()
             ),
-            f"reading {uri}",
+            f"reading {out.uri_of(data.path)}",
             out.attempts,
         )
         return images_of(table, masks)
@@ -113,7 +113,9 @@ class LanceOutput(OutputFormat):
         operation = lance.LanceOperation.Overwrite(DATA_SCHEMA, fragments)
         retrying(
             lambda: lance.LanceDataset.commit(
-                out.uri_of(DATASET), operation, storage_options=out.object_store_options()
+                out.object_store_uri(DATASET),
+                operation,
+                storage_options=out.object_store_options(),
             ),
             f"committing {out.uri_of(DATASET)}",
             out.attempts,
@@ -135,7 +137,9 @@ class LanceOutput(OutputFormat):
         if not out.exists(f"{DATASET}/_versions"):
             return None
         dataset = retrying(
-            lambda: lance.dataset(out.uri_of(DATASET), storage_options=out.object_store_options()),
+            lambda: lance.dataset(
+                out.object_store_uri(DATASET), storage_options=out.object_store_options()
+            ),
             f"reading {out.uri_of(DATASET)}",
             out.attempts,
         )
