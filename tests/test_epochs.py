@@ -505,6 +505,27 @@ def test_an_epoch_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
     assert sorted(parts) == sorted(_ids(item for w in range(3) for item in reader.serve(w)))
 
 
+def test_two_views_per_item_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
+    """Ray Train gets the items `epoch()` serves: one row per source, its k views stacked."""
+    write_output(local, "parquet", layout="by_source")
+    out = rayaug.open_output(local.uri)
+    columns = ("sample_id", "source_key", "label", "view")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # by_source's cost, stated
+        dataset = out.epoch_dataset(1, parts=3, views_per_item=2, columns=columns)  # views 2, 0
+        items = {i["source_key"]: i for i in out.epoch(1, views_per_item=2, columns=columns)}
+    rows = dataset.take_all()
+    keys = [row["source_key"] for row in rows]
+    assert sorted(keys) == sorted(i.removesuffix("#0") for i in _view_ids(0))  # each once
+    for row in rows:
+        item = items[row["source_key"]]
+        views = [f"{row['source_key']}#{v}" for v in (2, 0)]
+        assert list(row["sample_id"]) == item["sample_id"] == views
+        assert list(row["view"]) == [2, 0] and row["label"] == item["label"]
+        assert row["image"].shape == (2, 12, 16, 3) and row["image"].dtype == np.uint8
+        assert np.array_equal(row["image"], np.stack(item["image"]))
+
+
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
 def test_an_output_from_before_layouts_is_read_whole(local: Location, fmt: str) -> None:
     """Manifests written before layouts name no objects (nor spans): the shard's one object
