@@ -399,11 +399,8 @@ class _ObjectReader:
     def _read(self, data: DataObject, wanted: dict[int, str]) -> dict[str, bytes]:
         out, spec = self.output.location, self.output.spec.output
         spans, rows = data.spans, sorted(wanted)
-        if not isinstance(self.format, ShardFile):  # Lance: its own reader, whole files
-            self.stats.objects_read += 1
-            images = self.format.read_object(out, spec, data)
-            self.stats.bytes_read += sum(len(v) for v in images.values())
-            return images
+        if not isinstance(self.format, ShardFile):  # Lance: its own reader
+            return self._read_own(data, rows)
         if spans is None or self._share(spans, rows) >= WHOLE_OBJECT:
             raw = out.read_bytes(data.path)
             self.stats.objects_read += 1
@@ -424,6 +421,19 @@ class _ObjectReader:
                 for row, image in zip(range(first, last + 1), run, strict=True):
                     if row in wanted:
                         images[wanted[row]] = image
+        return images
+
+    def _read_own(self, data: DataObject, rows: list[int]) -> dict[str, bytes]:
+        """Through the format's reader: only the rows wanted where it can take rows (the
+        counts are of the images it returns, not of what it fetched)."""
+        out, spec = self.output.location, self.output.spec.output
+        if self.format.picks_rows(data) and len(rows) < data.samples:
+            self.stats.ranged_reads += 1
+            images = self.format.read_rows(out, spec, data, rows)
+        else:
+            self.stats.objects_read += 1
+            images = self.format.read_object(out, spec, data)
+        self.stats.bytes_read += sum(len(v) for v in images.values())
         return images
 
     @staticmethod
@@ -538,10 +548,11 @@ class Epoch(_iterable_base()):
                 stacklevel=3,
             )
         mixed = [o for s in self.catalogue for _, o in s.objects if o.view is None]
+        picks_rows = output_format(output.spec.output.format).picks_rows
         if mixed:
             cost = (
                 f"reads {views / views_per_item:.3g}x the bytes it serves"
-                if any(o.spans is None for o in mixed)
+                if not all(map(picks_rows, mixed))
                 else "reads each sample by a ranged read of its own"
             )
             warnings.warn(

@@ -243,6 +243,26 @@ def test_a_by_view_epoch_reads_only_its_view_and_little_more(local: Location, fm
     assert delivered < two.stats.bytes_read < 1.05 * view_bytes
 
 
+def test_lance_is_read_by_the_rows_an_epoch_serves(local: Location) -> None:
+    """Lance records no byte spans but its reader takes rows: two workers sharing a cut window
+    read only their own rows of its files, and by_source only the epoch's view."""
+    write_output(local, "lance")
+    two = rayaug.open_output(local.uri).epoch(
+        1, decode=False, num_workers=2, batch_size=4, window=3
+    )
+    items = [item for worker in range(2) for item in two.serve(worker)]
+    assert sorted(_ids(items)) == sorted(_view_ids(1))
+    assert two.stats.ranged_reads > 0  # the cut window's files, by rows
+    assert two.stats.bytes_read == sum(len(item["image"]) for item in items)  # each row once
+    by_source = local.uri + "-by_source"
+    write_output(open_location(by_source, StorageSpec(retries=0)), "lance", layout="by_source")
+    with pytest.warns(UserWarning, match="reads each sample by a ranged read of its own"):
+        epoch = rayaug.open_output(by_source).epoch(2, decode=False)
+    items = list(epoch)
+    assert sorted(_ids(items)) == sorted(_view_ids(2)) and epoch.stats.objects_read == 0
+    assert epoch.stats.bytes_read == sum(len(item["image"]) for item in items)  # not 3x
+
+
 def test_orphans_and_uncommitted_shards_are_never_read(local: Location) -> None:
     write_output(local, "parquet")
     path = "data/view=0/part-00009.parquet"  # a crashed shard's object: no manifest
