@@ -15,10 +15,10 @@ repeating the first positions left, or with `drop_last` cut, to equal length); a
 is cut into contiguous parts, one per DataLoader worker, read in batches of `batch_size`.
 Contiguous ranges keep reads large and sequential: a worker reads whole data objects of the
 windows inside its part, and only the samples it needs (by ranged reads where the format
-records where they lie) of the one or two windows its part cuts. Because a DataLoader takes
-the workers' batches in turn, what a rank has delivered after `samples` is known from
-(samples, batch_size, num_workers) alone: `state_dict` turns it into the positions left, which
-any world size and worker count can resume from.
+records where they lie, by row takes where its reader has them: Lance) of the one or two
+windows its part cuts. Because a DataLoader takes the workers' batches in turn, what a rank has
+delivered after `samples` is known from (samples, batch_size, num_workers) alone: `state_dict`
+turns it into the positions left, which any world size and worker count can resume from.
 
 With `views_per_item=k` an item is k views of one source: epoch e serves views e*k ... e*k+k-1
 (mod the job's views) of every source that has all k, the positions above counting sources
@@ -374,7 +374,7 @@ class ReadStats:
 
 class _ObjectReader:
     """Reads the images of some samples of one data object: whole, in one sequential read,
-    or by ranged reads of just those samples where the format records their spans."""
+    or just those samples, by ranged reads of their recorded spans or the format's row takes."""
 
     def __init__(self, output: Output, stats: ReadStats) -> None:
         self.output, self.stats = output, stats
