@@ -235,11 +235,17 @@ class OutputView:
         decode: bool = True,
         parts: int = 8,
         window: int = 4,
+        views_per_item: int = 1,
     ) -> ray.data.Dataset:
         """The same epoch as a Ray Data dataset, for Ray Train (`datasets={"train": ...}`):
         each committed sample of view `epoch mod views` once, as rows of `image` and `columns`,
         read by `parts` tasks, each one contiguous part of the epoch's order. Ray Train splits
-        it over its workers; the order and `state_dict` promises are the `epoch()` reader's."""
+        it over its workers; the order and `state_dict` promises are the `epoch()` reader's.
+
+        `views_per_item=k`: a row is one source's item as `epoch()` serves it, each source once:
+        `image` its k views as one (k, H, W, 3) uint8 array (a list when their shapes differ,
+        or with `decode=False`), per-view columns as lists of k, `label` and the other source
+        columns once."""
         from rayaug.job import epoch_dataset
 
         reader = self.epoch(
@@ -250,6 +256,7 @@ class OutputView:
             decode=decode,
             num_workers=parts,
             window=window,
+            views_per_item=views_per_item,
         )
         return epoch_dataset(reader)
 

@@ -15,10 +15,10 @@ repeating the first positions left, or with `drop_last` cut, to equal length); a
 is cut into contiguous parts, one per DataLoader worker, read in batches of `batch_size`.
 Contiguous ranges keep reads large and sequential: a worker reads whole data objects of the
 windows inside its part, and only the samples it needs (by ranged reads where the format
-records where they lie) of the one or two windows its part cuts. Because a DataLoader takes
-the workers' batches in turn, what a rank has delivered after `samples` is known from
-(samples, batch_size, num_workers) alone: `state_dict` turns it into the positions left, which
-any world size and worker count can resume from.
+records where they lie, by row takes where its reader has them: Lance) of the one or two
+windows its part cuts. Because a DataLoader takes the workers' batches in turn, what a rank has
+delivered after `samples` is known from (samples, batch_size, num_workers) alone: `state_dict`
+turns it into the positions left, which any world size and worker count can resume from.
 
 With `views_per_item=k` an item is k views of one source: epoch e serves views e*k ... e*k+k-1
 (mod the job's views) of every source that has all k, the positions above counting sources
@@ -382,7 +382,7 @@ class ReadStats:
 
 class _ObjectReader:
     """Reads the images of some samples of one data object: whole, in one sequential read,
-    or by ranged reads of just those samples where the format records their spans."""
+    or just those samples, by ranged reads of their recorded spans or the format's row takes."""
 
     def __init__(self, output: Output, stats: ReadStats) -> None:
         self.output, self.stats = output, stats
@@ -407,11 +407,8 @@ class _ObjectReader:
     def _read(self, data: DataObject, wanted: dict[int, str]) -> dict[str, bytes]:
         out, spec = self.output.location, self.output.spec.output
         spans, rows = data.spans, sorted(wanted)
-        if not isinstance(self.format, ShardFile):  # Lance: its own reader, whole files
-            self.stats.objects_read += 1
-            images = self.format.read_object(out, spec, data)
-            self.stats.bytes_read += sum(len(v) for v in images.values())
-            return images
+        if not isinstance(self.format, ShardFile):  # Lance: its own reader
+            return self._read_own(data, rows)
         if spans is None or self._share(spans, rows) >= WHOLE_OBJECT:
             raw = out.read_bytes(data.path)
             self.stats.objects_read += 1
@@ -432,6 +429,19 @@ class _ObjectReader:
                 for row, image in zip(range(first, last + 1), run, strict=True):
                     if row in wanted:
                         images[wanted[row]] = image
+        return images
+
+    def _read_own(self, data: DataObject, rows: list[int]) -> dict[str, bytes]:
+        """Through the format's reader: only the rows wanted where it can take rows (the
+        counts are of the images it returns, not of what it fetched)."""
+        out, spec = self.output.location, self.output.spec.output
+        if self.format.picks_rows(data) and len(rows) < data.samples:
+            self.stats.ranged_reads += 1
+            images = self.format.read_rows(out, spec, data, rows)
+        else:
+            self.stats.objects_read += 1
+            images = self.format.read_object(out, spec, data)
+        self.stats.bytes_read += sum(len(v) for v in images.values())
         return images
 
     @staticmethod
@@ -546,10 +556,11 @@ class Epoch(_iterable_base()):
                 stacklevel=3,
             )
         mixed = [o for s in self.catalogue for _, o in s.objects if o.view is None]
+        picks_rows = output_format(output.spec.output.format).picks_rows
         if mixed:
             cost = (
                 f"reads {views / views_per_item:.3g}x the bytes it serves"
-                if any(o.spans is None for o in mixed)
+                if not all(map(picks_rows, mixed))
                 else "reads each sample by a ranged read of its own"
             )
             warnings.warn(

@@ -814,7 +814,16 @@ def _epoch_rows(batch: dict[str, np.ndarray], epoch: Epoch, rows: int) -> Iterat
     for part in batch["part"]:
         items = epoch.serve(int(part))
         while chunk := list(itertools.islice(items, rows)):
-            yield {key: _column([item[key] for item in chunk]) for key in chunk[0]}
+            yield {key: _column([_views(item[key]) for item in chunk]) for key in chunk[0]}
+
+
+def _views(value: object) -> object:
+    """An item's k views (views_per_item > 1) as one (k, H, W, 3) array when their shapes
+    agree, so a row's `image` is one tensor for Ray Train; any other value as it is."""
+    arrays = isinstance(value, list) and value and isinstance(value[0], np.ndarray)
+    if arrays and len({v.shape for v in value}) == 1:
+        return np.stack(value)
+    return value
 
 
 def _column(values: list) -> np.ndarray:

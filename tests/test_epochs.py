@@ -243,6 +243,26 @@ def test_a_by_view_epoch_reads_only_its_view_and_little_more(local: Location, fm
     assert delivered < two.stats.bytes_read < 1.05 * view_bytes
 
 
+def test_lance_is_read_by_the_rows_an_epoch_serves(local: Location) -> None:
+    """Lance records no byte spans but its reader takes rows: two workers sharing a cut window
+    read only their own rows of its files, and by_source only the epoch's view."""
+    write_output(local, "lance")
+    two = rayaug.open_output(local.uri).epoch(
+        1, decode=False, num_workers=2, batch_size=4, window=3
+    )
+    items = [item for worker in range(2) for item in two.serve(worker)]
+    assert sorted(_ids(items)) == sorted(_view_ids(1))
+    assert two.stats.ranged_reads > 0  # the cut window's files, by rows
+    assert two.stats.bytes_read == sum(len(item["image"]) for item in items)  # each row once
+    by_source = local.uri + "-by_source"
+    write_output(open_location(by_source, StorageSpec(retries=0)), "lance", layout="by_source")
+    with pytest.warns(UserWarning, match="reads each sample by a ranged read of its own"):
+        epoch = rayaug.open_output(by_source).epoch(2, decode=False)
+    items = list(epoch)
+    assert sorted(_ids(items)) == sorted(_view_ids(2)) and epoch.stats.objects_read == 0
+    assert epoch.stats.bytes_read == sum(len(item["image"]) for item in items)  # not 3x
+
+
 def test_orphans_and_uncommitted_shards_are_never_read(local: Location) -> None:
     write_output(local, "parquet")
     path = "data/view=0/part-00009.parquet"  # a crashed shard's object: no manifest
@@ -503,6 +523,27 @@ def test_an_epoch_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
     parts = [r["sample_id"] for r in dataset.take_all()]
     reader = out.epoch(1, num_workers=3)
     assert sorted(parts) == sorted(_ids(item for w in range(3) for item in reader.serve(w)))
+
+
+def test_two_views_per_item_as_a_ray_dataset(ray_cluster: str, local: Location) -> None:
+    """Ray Train gets the items `epoch()` serves: one row per source, its k views stacked."""
+    write_output(local, "parquet", layout="by_source")
+    out = rayaug.open_output(local.uri)
+    columns = ("sample_id", "source_key", "label", "view")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # by_source's cost, stated
+        dataset = out.epoch_dataset(1, parts=3, views_per_item=2, columns=columns)  # views 2, 0
+        items = {i["source_key"]: i for i in out.epoch(1, views_per_item=2, columns=columns)}
+    rows = dataset.take_all()
+    keys = [row["source_key"] for row in rows]
+    assert sorted(keys) == sorted(i.removesuffix("#0") for i in _view_ids(0))  # each once
+    for row in rows:
+        item = items[row["source_key"]]
+        views = [f"{row['source_key']}#{v}" for v in (2, 0)]
+        assert list(row["sample_id"]) == item["sample_id"] == views
+        assert list(row["view"]) == [2, 0] and row["label"] == item["label"]
+        assert row["image"].shape == (2, 12, 16, 3) and row["image"].dtype == np.uint8
+        assert np.array_equal(row["image"], np.stack(item["image"]))
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])

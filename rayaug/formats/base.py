@@ -190,6 +190,18 @@ class OutputFormat:
         reader of the format would."""
         raise NotImplementedError
 
+    def picks_rows(self, data: DataObject) -> bool:
+        """Whether some samples of `data` can be read without the rest: by ranged reads of its
+        recorded byte spans, or where the format's own reader takes rows (`read_rows`)."""
+        return data.spans is not None
+
+    def read_rows(
+        self, out: Location, output: OutputSpec, data: DataObject, rows: list[int]
+    ) -> dict[str, bytes]:
+        """sample_id → encoded image of the samples at positions `rows` (ascending) of one data
+        object, for a format whose reader takes rows itself (Lance)."""
+        raise NotImplementedError
+
     def data_objects(self, out: Location, shard: str) -> set[str]:
         """The objects (relative to the output) of a committed shard's data."""
         return {o.path for o in self.objects(shard, manifest_metadata(out, shard))}

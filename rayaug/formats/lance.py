@@ -13,9 +13,11 @@ are orphans, removed with the job's other orphans.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import lance
+from lance.file import LanceFileReader, ReaderResults
 from lance.fragment import FragmentMetadata, write_fragments
 
 from rayaug.commit import manifest_metadata
@@ -33,6 +35,8 @@ from rayaug.records import AugmentedSample
 from rayaug.storage import retrying
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from rayaug.spec import OutputSpec
     from rayaug.storage import Location
 
@@ -93,18 +97,19 @@ class LanceOutput(OutputFormat):
     ) -> dict[str, bytes]:
         """A data file read with Lance's file reader: a shard committed by a running job is
         readable before the driver commits the dataset version."""
-        uri = out.object_store_uri(data.path)
-        columns = ["sample_id", "mask" if masks else "image"]
-        table = retrying(
-            lambda: (
-                lance.file.LanceFileReader(uri, out.object_store_options(), columns=columns)
-                .read_all()
-                .to_table()
-            ),
-            f"reading {out.uri_of(data.path)}",
-            out.attempts,
-        )
-        return images_of(table, masks)
+        return images_of(_read_file(out, data, masks, lambda reader: reader.read_all()), masks)
+
+    def picks_rows(self, data: DataObject) -> bool:
+        # A data file's rows are its samples in the manifest's `index` order wherever the
+        # manifest records the shard's objects (one fragment, so one file, per object).
+        return data.samples is not None
+
+    def read_rows(
+        self, out: Location, output: OutputSpec, data: DataObject, rows: list[int]
+    ) -> dict[str, bytes]:
+        """Only those rows: Lance fetches just their pages, so DataLoader workers that share a
+        cut window do not each read its files whole."""
+        return images_of(_read_file(out, data, False, lambda reader: reader.take_rows(rows)), False)
 
     def finish(self, out: Location, shards: set[str]) -> None:
         fragments = [f for shard in sorted(shards) for f in _fragments(out, shard)]
@@ -147,6 +152,19 @@ class LanceOutput(OutputFormat):
 
 
 OUTPUT = LanceOutput()
+
+
+def _read_file(
+    out: Location, data: DataObject, masks: bool, read: Callable[[LanceFileReader], ReaderResults]
+) -> pa.Table:
+    """The sample ids and images (or masks) of a data file, as `read` takes them from it."""
+    uri = out.object_store_uri(data.path)  # abfs:// as Lance knows it (abfss://)
+    columns = ["sample_id", "mask" if masks else "image"]
+    return retrying(
+        lambda: read(LanceFileReader(uri, out.object_store_options(), columns=columns)).to_table(),
+        f"reading {out.uri_of(data.path)}",
+        out.attempts,
+    )
 
 
 def _fragments(out: Location, shard: str) -> list[FragmentMetadata]:
