@@ -1,13 +1,15 @@
-"""Shared fixtures: one real SeaweedFS S3 server and one real local Ray for the whole session.
+"""Shared fixtures: real SeaweedFS S3, GCS and Azure servers and one real local Ray, each
+started once per test process.
 
 Ray starts after the S3 server and the GCS and Azure emulators so that its workers inherit
 their endpoints and credentials (as they would from a node's environment in production).
 
-Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) the tests are put in two
-groups, each run by one worker in its usual order: SESSION_RAY, every test that needs that Ray
-or that server (so there is still one SeaweedFS and one session Ray); OWN_RAY, the tests that
-start a Ray of their own (the embedded Ray of a `rayaug run` subprocess, test heads, the bench
-smoke run, the loopback proof in its network namespace) or are otherwise marked slow, so two of
+Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) the tests are put in three
+groups, each run by one worker in its usual order: SESSION_RAY, every test that needs the
+session's Ray (so there is one session Ray); SESSION_STORAGE, the tests that need only the
+object-store servers (their worker starts servers of its own); OWN_RAY, the tests that start
+a Ray of their own (the embedded Ray of a `rayaug run` subprocess, test heads, the bench smoke
+run, the loopback proof in its network namespace) or are otherwise marked slow, so two of
 those never start side by side. The rest (kernels, ops, codec, spec, ...) fill in wherever a
 worker is free. Without xdist nothing changes.
 """
@@ -29,7 +31,8 @@ from s3server import SeaweedS3
 from rayaug import sampledata
 
 BUCKET = "rayaug-test"
-SESSION_RAY = "session-ray"  # xdist_group: tests on the session's Ray or SeaweedFS
+SESSION_RAY = "session-ray"  # xdist_group: tests on the session's Ray (and its servers)
+SESSION_STORAGE = "session-storage"  # xdist_group: tests on the servers alone, no Ray
 OWN_RAY = "own-ray"  # xdist_group: tests that start a Ray of their own, and the other slow ones
 
 
@@ -58,9 +61,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _group(item: pytest.Item) -> str | None:
-    servers = {"ray_cluster", "s3", "gcs", "azure", "cloud"}
-    if servers & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("s3"):
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "ray_cluster" in fixtures:
         return SESSION_RAY
+    if {"s3", "gcs", "azure", "cloud"} & fixtures or item.get_closest_marker("s3"):
+        return SESSION_STORAGE
     if item.get_closest_marker("own_ray") or item.get_closest_marker("slow"):
         return OWN_RAY
     return None
@@ -89,15 +94,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: record each test's group and order the tests SESSION_RAY, the
-    ungrouped ones, OWN_RAY (each keeping its order). One worker takes the SESSION_RAY unit
-    first; the other works through the quick ungrouped tests while the session's SeaweedFS
-    and Ray start (Ray gives its raylet a fixed 30 s to register, which two Rays starting at
-    once on a loaded 2-core machine overran), then takes OWN_RAY."""
+    """In an xdist worker: record each test's group and order the tests SESSION_RAY,
+    SESSION_STORAGE, the ungrouped ones, OWN_RAY (each keeping its order). One worker takes
+    the SESSION_RAY unit; the other the SESSION_STORAGE unit, on servers of its own and no Ray
+    while the first starts the session's (Ray gives its raylet a fixed 30 s to register, which
+    two Rays starting at once on a loaded 2-core machine overran), then the quick ungrouped
+    tests and OWN_RAY. With the storage-only tests in the Ray unit, that one worker ran 610 s
+    of the suite's 10 min while the other sat idle for half of it."""
     path = os.environ.get(GROUPS_FILE)
     if not (os.environ.get("PYTEST_XDIST_WORKER") and path):
         return
-    rank = {SESSION_RAY: 0, None: 1, OWN_RAY: 2}
+    rank = {SESSION_RAY: 0, SESSION_STORAGE: 1, None: 2, OWN_RAY: 3}
     groups = {item: _group(item) for item in items}
     items.sort(key=lambda item: rank[groups[item]])  # stable
     written = Path(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}")  # every worker writes the same
