@@ -84,7 +84,10 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
     command = [sys.executable, "-c", "from rayaug.cli import main; main()"]
     child = subprocess.Popen(
         [*command, "run", str(run_spec), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
         cwd=workdir,  # not the checkout: its rayaug would shadow --against's on sys.path
     )
     root = psutil.Process(child.pid)
@@ -171,7 +174,9 @@ def main() -> None:
     parser.add_argument("specs", nargs="+", type=Path)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
-        "--against", type=Path, metavar="DIR",
+        "--against",
+        type=Path,
+        metavar="DIR",
         help="also run the rayaug package found in DIR (e.g. a `git archive` of another commit, "
         "put first on PYTHONPATH, for the driver and Ray's workers alike), interleaved",
     )
@@ -184,8 +189,9 @@ def main() -> None:
         codes = [("this", env)]
         if args.against:
             codes.append(("against", dict(env, PYTHONPATH=str(args.against.resolve()))))
-        runs = [(i, spec, code) for i in range(args.repeat) for spec in args.specs
-                for code in codes]
+        runs = [
+            (i, spec, code) for i in range(args.repeat) for spec in args.specs for code in codes
+        ]
         for i, spec, (label, code_env) in runs:
             r = measure(spec, Path(tmp), code_env, label)
             r["round"] = i
@@ -201,8 +207,13 @@ def main() -> None:
             )
             print("   steady:", r.get("cpu_steady"), flush=True)
             print("   whole: ", r.get("cpu_whole_run"), flush=True)
-            print("   Ray+driver cores (steady):", r.get("ray_cores_steady"),
-                  " PSS at peak:", r.get("peak_pss_mib_by_role"), flush=True)
+            print(
+                "   Ray+driver cores (steady):",
+                r.get("ray_cores_steady"),
+                " PSS at peak:",
+                r.get("peak_pss_mib_by_role"),
+                flush=True,
+            )
             err = [line for line in r["stderr"].splitlines() if line.strip() and "━" not in line]
             if err:
                 print("   stderr:", *err[:6], sep="\n     ", flush=True)

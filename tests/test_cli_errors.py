@@ -164,16 +164,18 @@ def test_a_misspelt_op_or_parameter_gets_a_suggestion(tmp_path: Path) -> None:
         f"invalid job spec {spec}: ops[0]: unknown op 'random_resized_crp'; did you mean "
         "'random_resized_crop'?"
     )
-    spec = write_spec(tmp_path / "job.yaml", "in", "out",
-                      ops=[{"name": "random_resized_crop", "sise": 48}])
+    spec = write_spec(
+        tmp_path / "job.yaml", "in", "out", ops=[{"name": "random_resized_crop", "sise": 48}]
+    )
     assert error_line(rayaug("run", str(spec)), 2) == (
         f"invalid job spec {spec}: ops[0].sise: unknown field; did you mean 'size'?"
     )
 
 
 def test_a_range_given_as_a_word_says_a_number_or_a_range(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "job.yaml", "in", "out",
-                      ops=[{"name": "rotation", "degrees": "ten"}])
+    spec = write_spec(
+        tmp_path / "job.yaml", "in", "out", ops=[{"name": "rotation", "degrees": "ten"}]
+    )
     assert error_line(rayaug("validate", str(spec)), 2) == (
         f"invalid job spec {spec}: ops[0].degrees: must be a number or [min, max], not 'ten'"
     )
@@ -203,11 +205,11 @@ def broken(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         "errors.max_error_rate in the job file and run it again (`rayaug run JOB.yaml`): "
         "committed shards are kept."
     )
-    loose = write_spec(root / "loose.yaml", source, raised, views=1,
-                       errors={"max_error_rate": 0.5})
+    loose = write_spec(root / "loose.yaml", source, raised, views=1, errors={"max_error_rate": 0.5})
     assert rayaug("run", str(loose)).exit_code == 0
-    reshard = write_spec(root / "reshard.yaml", source, root / "reshard", views=1,
-                         errors={"max_error_rate": 0.5})
+    reshard = write_spec(
+        root / "reshard.yaml", source, root / "reshard", views=1, errors={"max_error_rate": 0.5}
+    )
     reshard.write_text(reshard.read_text().replace("shard_size: 8", "shard_size: 2"))
     assert rayaug("run", str(reshard)).exit_code == 0
     return {"raised": raised, "reshard": root / "reshard"}
@@ -252,8 +254,12 @@ def test_a_small_job_prints_no_ray_data_warning(ray_cluster: str, tmp_path: Path
     """One shard for a pool of two: the pool is sized to the units, so Ray Data has no
     'minimum number of concurrent actors' warning to print."""
     source = photo_folder(tmp_path / "in", 3)
-    spec = write_spec(tmp_path / "job.yaml", source, tmp_path / "out",
-                      execution={"batch_size": 16, "concurrency": 2})
+    spec = write_spec(
+        tmp_path / "job.yaml",
+        source,
+        tmp_path / "out",
+        execution={"batch_size": 16, "concurrency": 2},
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = rayaug("run", str(spec))
@@ -269,8 +275,9 @@ def test_the_progress_agrees_with_status_when_the_error_budget_stops_a_run(
         (source / "text" / f"{i:02}.jpg").parent.mkdir(exist_ok=True)
         (source / "text" / f"{i:02}.jpg").write_text("a README saved as a photo")
     out = tmp_path / "out"
-    spec = write_spec(tmp_path / "job.yaml", source, out, views=1,
-                      execution={"batch_size": 4, "concurrency": 2})
+    spec = write_spec(
+        tmp_path / "job.yaml", source, out, views=1, execution={"batch_size": 4, "concurrency": 2}
+    )
     spec.write_text(spec.read_text().replace("shard_size: 8", "shard_size: 2"))
     result = rayaug("run", str(spec))
     assert result.exit_code == 1

@@ -169,8 +169,13 @@ def test_a_listing_never_sees_a_rayaug_output_inside_the_input(
     neither read nor counted as ignored: its data, manifests and records are not sources."""
     root = tmp_path / "input"
     sampledata.write_folder(photos[:3], root)
-    for record in ("_job/spec.yaml", "_job/lock", "data/part-00000.parquet",
-                   "manifests/part-00000.parquet", "_SUCCESS"):
+    for record in (
+        "_job/spec.yaml",
+        "_job/lock",
+        "data/part-00000.parquet",
+        "manifests/part-00000.parquet",
+        "_SUCCESS",
+    ):
         (root / "old-out" / record).parent.mkdir(parents=True, exist_ok=True)
         (root / "old-out" / record).write_bytes(b"x")
     (root / "old-out" / "data" / "stray.jpg").write_bytes(photos[3].jpeg)
@@ -181,8 +186,11 @@ def test_a_listing_never_sees_a_rayaug_output_inside_the_input(
         p.relative_to(root).as_posix() for p in root.rglob("*.jpg") if "old-out" not in p.parts
     )
     out = open_location(str(root / "old-out"), StorageSpec(retries=0))
-    with pytest.raises(UsageError, match=r"is a rayaug output: .* set input.uri to its data "
-                                         r"folder \(.*/old-out/data\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"is a rayaug output: .* set input.uri to its data "
+        r"folder \(.*/old-out/data\)",
+    ):
         list_input(out, InputSpec(uri=out.uri), shard_size=10)
 
 

@@ -37,40 +37,79 @@ from .runners import DEFAULT_RUNNERS, RUNNERS, Setting, applies, run_one, start_
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="scripts/bench", description=overview,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default=",".join(RECIPES),
-                        help=f"comma-separated recipes of: {', '.join(RECIPES)} (default: all)")
-    parser.add_argument("--views", default="1,8",
-                        help="comma-separated views per source photo, each run in turn "
-                             "(default 1,8: one view, and the 8 of jobs/imagenet.yaml)")
-    parser.add_argument("--n", type=int,
-                        help="output samples at N (one sample = one view; sources = N / views);"
-                             " default 20000, 1920 with --photos phone, 200 with --quick")
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=overview,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--recipe",
+        default=",".join(RECIPES),
+        help=f"comma-separated recipes of: {', '.join(RECIPES)} (default: all)",
+    )
+    parser.add_argument(
+        "--views",
+        default="1,8",
+        help="comma-separated views per source photo, each run in turn "
+        "(default 1,8: one view, and the 8 of jobs/imagenet.yaml)",
+    )
+    parser.add_argument(
+        "--n",
+        type=int,
+        help="output samples at N (one sample = one view; sources = N / views);"
+        " default 20000, 1920 with --photos phone, 200 with --quick",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: N=200, no 4N run")
-    parser.add_argument("--photos", choices=sorted(PHOTO_SETS), default="bundled",
-                        help="; ".join(f"{k}: {v.help}" for k, v in PHOTO_SETS.items()))
-    parser.add_argument("--input", type=Path, metavar="DIR",
-                        help="your own image folder instead (all its images as the sources, "
-                             "one size, no 4N; boxes for recipe d are generated)")
-    parser.add_argument("--only", help=f"comma-separated runners of: {', '.join(RUNNERS)} "
-                                       f"(default: {', '.join(DEFAULT_RUNNERS)})")
+    parser.add_argument(
+        "--photos",
+        choices=sorted(PHOTO_SETS),
+        default="bundled",
+        help="; ".join(f"{k}: {v.help}" for k, v in PHOTO_SETS.items()),
+    )
+    parser.add_argument(
+        "--input",
+        type=Path,
+        metavar="DIR",
+        help="your own image folder instead (all its images as the sources, "
+        "one size, no 4N; boxes for recipe d are generated)",
+    )
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated runners of: {', '.join(RUNNERS)} "
+        f"(default: {', '.join(DEFAULT_RUNNERS)})",
+    )
     parser.add_argument("--s3", action="store_true", help="also run rayaug to S3 (SeaweedFS)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="rayaug with num_gpus: 1, and DALI as a peer when it imports")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="rayaug with num_gpus: 1, and DALI as a peer when it imports",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write all figures as JSON")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep this run's outputs and logs in bench-data/runs (until the next)")
-    parser.add_argument("--augment-only", action="store_true",
-                        help="the augment stage alone (rayaug.augment.Augmenter, no Ray, no "
-                             "peers): decode -> ops -> encode per recipe and views, samples/s")
-    parser.add_argument("--device", default="cpu",
-                        help="--augment-only: cpu or cuda (default cpu)")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="--augment-only: samples per device batch (default 64)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="--augment-only: use each photo K times under K keys (other "
-                             "parameters): N samples from N / (views x K) photos")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep this run's outputs and logs in bench-data/runs (until the next)",
+    )
+    parser.add_argument(
+        "--augment-only",
+        action="store_true",
+        help="the augment stage alone (rayaug.augment.Augmenter, no Ray, no "
+        "peers): decode -> ops -> encode per recipe and views, samples/s",
+    )
+    parser.add_argument("--device", default="cpu", help="--augment-only: cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="--augment-only: samples per device batch (default 64)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="--augment-only: use each photo K times under K keys (other "
+        "parameters): N samples from N / (views x K) photos",
+    )
     add_reader_arguments(parser)
     args = parser.parse_args(argv)
     args.n = args.n or (200 if args.quick else PHOTO_SETS[args.photos].default_n)
@@ -84,12 +123,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _listed(parser: argparse.ArgumentParser, flag: str, value: str,
-            choices: dict | None) -> list[str]:
+def _listed(
+    parser: argparse.ArgumentParser, flag: str, value: str, choices: dict | None
+) -> list[str]:
     """The comma-separated items of --flag, each a choice (or a positive integer)."""
     items = [item.strip() for item in value.split(",") if item.strip()]
-    wrong = [item for item in items
-             if (item not in choices if choices else not (item.isdigit() and int(item) >= 1))]
+    wrong = [
+        item
+        for item in items
+        if (item not in choices if choices else not (item.isdigit() and int(item) >= 1))
+    ]
     if wrong or not items:
         expected = ", ".join(choices) if choices else "positive integers"
         parser.error(f"--{flag} {value}: {', '.join(wrong) or 'empty'}; expected {expected}")
@@ -118,15 +161,20 @@ def gpu_check(args: argparse.Namespace) -> str | None:
     except ImportError:
         available = False
     if not available:
-        print("bench --gpu: no CUDA device visible to torch (CPU-only torch build, or no GPU); "
-              "run without --gpu", file=sys.stderr)
+        print(
+            "bench --gpu: no CUDA device visible to torch (CPU-only torch build, or no GPU); "
+            "run without --gpu",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if "dali" in args.runners:
         try:
             import nvidia.dali  # noqa: F401
         except ImportError:
-            print("note: nvidia.dali does not import; DALI is left out "
-                  "(pip install nvidia-dali-cuda120)")
+            print(
+                "note: nvidia.dali does not import; DALI is left out "
+                "(pip install nvidia-dali-cuda120)"
+            )
             args.runners.remove("dali")
     return torch.cuda.get_device_name(0)
 
@@ -170,16 +218,24 @@ def run_all(args: argparse.Namespace, setting: Setting) -> Results:
 
 
 def config(args: argparse.Namespace, results: Results) -> dict:
-    sizes = {views: sorted(by_n) for by_views in results.values()
-             for views, by_n in by_views.items()}
-    return {"n": args.n, "views": args.views, "sizes": {str(v): s for v, s in sizes.items()},
-            "quick": args.quick, "seed": SEED,
-            "photos": str(args.input) if args.input else args.photos,
-            "photo_set": None if args.input else asdict(PHOTO_SETS[args.photos]),
-            "runners": args.runners, "s3": args.s3, "gpu": args.gpu,
-            "shard_sources": {str(v): {n: shard_sources(n // v) for n in s}
-                              for v, s in sizes.items()},
-            "recipes": {k: RECIPES[k].describe() for k in args.recipes}, "targets": TARGETS}
+    sizes = {
+        views: sorted(by_n) for by_views in results.values() for views, by_n in by_views.items()
+    }
+    return {
+        "n": args.n,
+        "views": args.views,
+        "sizes": {str(v): s for v, s in sizes.items()},
+        "quick": args.quick,
+        "seed": SEED,
+        "photos": str(args.input) if args.input else args.photos,
+        "photo_set": None if args.input else asdict(PHOTO_SETS[args.photos]),
+        "runners": args.runners,
+        "s3": args.s3,
+        "gpu": args.gpu,
+        "shard_sources": {str(v): {n: shard_sources(n // v) for n in s} for v, s in sizes.items()},
+        "recipes": {k: RECIPES[k].describe() for k in args.recipes},
+        "targets": TARGETS,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,11 +248,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_augment_only(args)
     info = machine_info(gpu_check(args))
     print_machine(info)
-    print(f"recipes: {', '.join(args.recipes)}; runners: {', '.join(args.runners)}; views: "
-          f"{', '.join(map(str, args.views))}; "
-          + (f"input {args.input}" if args.input else
-             f"{args.photos} photos, N = {args.n}" + ("" if args.quick else f" and {4 * args.n}")
-             + " samples"), flush=True)
+    print(
+        f"recipes: {', '.join(args.recipes)}; runners: {', '.join(args.runners)}; views: "
+        f"{', '.join(map(str, args.views))}; "
+        + (
+            f"input {args.input}"
+            if args.input
+            else f"{args.photos} photos, N = {args.n}"
+            + ("" if args.quick else f" and {4 * args.n}")
+            + " samples"
+        ),
+        flush=True,
+    )
     run_dir = fresh_run_dir()
     ray_tmp = Path(tempfile.mkdtemp(prefix="rayaug-bench.", dir="/tmp"))  # short socket paths
     s3 = start_s3(run_dir) if args.s3 else None

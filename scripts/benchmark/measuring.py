@@ -143,8 +143,9 @@ def measure(command: Sequence[str], env: dict[str, str], log: Path) -> Measured:
     """Run `command` to its end, timing it and sampling the memory of its process tree."""
     with open(log, "wb") as err, tempfile.TemporaryFile() as out:
         started_at, started = time.time(), time.monotonic()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, env=env, cwd=ROOT, stdin=subprocess.DEVNULL
+        )
         with TreeMonitor(proc.pid) as monitor:
             try:
                 proc.wait()
@@ -157,8 +158,15 @@ def measure(command: Sequence[str], env: dict[str, str], log: Path) -> Measured:
                 monitor.reap()
         out.seek(0)
         stdout = out.read().decode(errors="replace")
-    return Measured(proc.returncode, started_at, wall, monitor.peak_rss, monitor.peak_pss,
-                    monitor.peak_procs, stdout)
+    return Measured(
+        proc.returncode,
+        started_at,
+        wall,
+        monitor.peak_rss,
+        monitor.peak_pss,
+        monitor.peak_procs,
+        stdout,
+    )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -168,8 +176,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def finish(result: Result, measured: Measured, log: Path,
-           commits: list[tuple[float, int]]) -> Result:
+def finish(
+    result: Result, measured: Measured, log: Path, commits: list[tuple[float, int]]
+) -> Result:
     """Fill `result` from the measured process and its commits (time, samples)."""
     result.wall_seconds = round(measured.wall_seconds, 3)
     result.peak_rss_bytes, result.peak_pss_bytes = measured.peak_rss_bytes, measured.peak_pss_bytes
@@ -200,7 +209,7 @@ def steady_state(result: Result, commits: list[tuple[float, int]], started_at: f
 def last_json(stdout: str) -> dict[str, Any]:
     """The JSON document a child printed last (rayaug --json prints an indented one)."""
     start = stdout.rfind("\n{")
-    text = stdout[start + 1:] if start >= 0 else stdout
+    text = stdout[start + 1 :] if start >= 0 else stdout
     try:
         return json.loads(text)
     except ValueError:

@@ -54,8 +54,9 @@ class CroppedSet:
     def write(self, count: int, images: Path) -> int:
         from rayaug import sampledata
 
-        photos = sampledata.make_photos(count, self.seed, short_side=self.short_side,
-                                        quality=self.quality)
+        photos = sampledata.make_photos(
+            count, self.seed, short_side=self.short_side, quality=self.quality
+        )
         return sampledata.write_folder(photos, images)
 
 
@@ -112,28 +113,40 @@ def phone_jpeg(source: object, index: int, seed: int) -> bytes:
     fit = min(w / width, h / height) * rng.uniform(0.6, 1.0)  # crop = 60-100 % of what fits
     cw, ch = max(1, round(width * fit)), max(1, round(height * fit))
     x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-    large = cv2.resize(pixels[y:y + ch, x:x + cw], (width, height),
-                       interpolation=cv2.INTER_CUBIC)
+    large = cv2.resize(
+        pixels[y : y + ch, x : x + cw], (width, height), interpolation=cv2.INTER_CUBIC
+    )
     noise = rng.standard_normal(large.shape, dtype=np.float32) * PHONE_NOISE
     noisy = np.clip(large + noise, 0, 255).astype(np.uint8)
     quality = int(rng.integers(PHONE_QUALITY[0], PHONE_QUALITY[1] + 1))
-    ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(noisy, cv2.COLOR_RGB2BGR),
-                            [cv2.IMWRITE_JPEG_QUALITY, quality])
+    ok, jpeg = cv2.imencode(
+        ".jpg", cv2.cvtColor(noisy, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
     if not ok:
         raise RuntimeError(f"phone photo {index}: JPEG encode failed")
     return jpeg.tobytes()
 
 
 PHOTO_SETS: dict[str, CroppedSet | PhoneSet] = {
-    "bundled": CroppedSet(0, (300, 600), (75, 95),
-                          "seed 0, shorter side 300-600 px, JPEG quality 75-95 (earlier figures)"),
-    "varied": CroppedSet(1, (200, 900), (60, 98),
-                         "seed 1: other crops of the same photographs, shorter side 200-900 px, "
-                         "quality 60-98"),
-    "phone": PhoneSet(2, f"12 MP {PHONE_SIZE[0]}x{PHONE_SIZE[1]} JPEGs, q{PHONE_QUALITY[0]}-"
-                         f"{PHONE_QUALITY[1]}, about 3 MB each ({PHONE_DISTINCT} distinct, "
-                         "repeated under other keys beyond that); default N "
-                         f"{PHONE_DISTINCT * 16}"),
+    "bundled": CroppedSet(
+        0,
+        (300, 600),
+        (75, 95),
+        "seed 0, shorter side 300-600 px, JPEG quality 75-95 (earlier figures)",
+    ),
+    "varied": CroppedSet(
+        1,
+        (200, 900),
+        (60, 98),
+        "seed 1: other crops of the same photographs, shorter side 200-900 px, quality 60-98",
+    ),
+    "phone": PhoneSet(
+        2,
+        f"12 MP {PHONE_SIZE[0]}x{PHONE_SIZE[1]} JPEGs, q{PHONE_QUALITY[0]}-"
+        f"{PHONE_QUALITY[1]}, about 3 MB each ({PHONE_DISTINCT} distinct, "
+        "repeated under other keys beyond that); default N "
+        f"{PHONE_DISTINCT * 16}",
+    ),
 }
 
 
@@ -198,16 +211,24 @@ def write_annotations(images: Path, path: Path, seed: int) -> int:
     for image_id, (key, file) in enumerate(list_images(images)):
         with Image.open(file) as image:
             width, height = image.size
-        document["images"].append({"id": image_id, "file_name": key, "width": width,
-                                   "height": height})
+        document["images"].append(
+            {"id": image_id, "file_name": key, "width": width, "height": height}
+        )
         rng = random.Random(f"{seed}/{key}")
         for _ in range(rng.randint(1, 4)):
             w, h = width * rng.uniform(0.1, 0.6), height * rng.uniform(0.1, 0.6)
             x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
             box = [round(x, 2), round(y, 2), round(w, 2), round(h, 2)]
-            document["annotations"].append({"id": box_id, "image_id": image_id, "bbox": box,
-                                            "category_id": rng.randint(1, 5), "iscrowd": 0,
-                                            "area": round(box[2] * box[3], 2)})
+            document["annotations"].append(
+                {
+                    "id": box_id,
+                    "image_id": image_id,
+                    "bbox": box,
+                    "category_id": rng.randint(1, 5),
+                    "iscrowd": 0,
+                    "area": round(box[2] * box[3], 2),
+                }
+            )
             box_id += 1
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     partial.write_text(json.dumps(document))
@@ -217,6 +238,8 @@ def write_annotations(images: Path, path: Path, seed: int) -> int:
 
 def list_images(root: Path) -> list[tuple[str, Path]]:
     """(relative key, path) of every image under root, sorted."""
-    return sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*")
-                  if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-
+    return sorted(
+        (p.relative_to(root).as_posix(), p)
+        for p in root.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    )

@@ -46,9 +46,20 @@ def _cpu_model() -> str:
 
 
 def machine_info(gpu_name: str | None) -> dict[str, Any]:
-    packages = ("torch", "torchvision", "kornia", "ray", "pillow", "albumentations",
-                "opencv-python-headless", "opencv-python", "pyarrow", "pydantic",
-                "nvidia-dali-cuda120", "nvidia-dali-cuda110")
+    packages = (
+        "torch",
+        "torchvision",
+        "kornia",
+        "ray",
+        "pillow",
+        "albumentations",
+        "opencv-python-headless",
+        "opencv-python",
+        "pyarrow",
+        "pydantic",
+        "nvidia-dali-cuda120",
+        "nvidia-dali-cuda110",
+    )
     versions = {p: v for p in packages if (v := _version(p)) != "-"}
     return {
         "cpu": _cpu_model(),
@@ -62,8 +73,10 @@ def machine_info(gpu_name: str | None) -> dict[str, Any]:
 
 
 def print_machine(info: dict[str, Any]) -> None:
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM"
-          + (f", GPU {info['gpu']}" if info["gpu"] else ", no GPU"))
+    print(
+        f"machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM"
+        + (f", GPU {info['gpu']}" if info["gpu"] else ", no GPU")
+    )
     print(f"python {info['python']} on {info['platform']}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
 
@@ -79,15 +92,21 @@ def _num(value: float | None, digits: int = 1) -> str:
 def print_result(result: Result) -> None:
     if result.error:
         print(f"  {result.runner}: FAILED ({result.error})", flush=True)
-    print(f"  {result.recipe} {result.runner:15} views {result.views:<3} {result.samples:>7} "
-          f"samples  {_num(result.samples_per_second):>8} samples/s end to end  "
-          f"{_num(result.steady_samples_per_second):>8} steady  "
-          f"start-up {_num(result.startup_seconds, 2):>6} s  "
-          f"wall {_num(result.wall_seconds):>6} s  "
-          f"PSS {_mib(result.peak_pss_bytes):>6} MiB", flush=True)
+    print(
+        f"  {result.recipe} {result.runner:15} views {result.views:<3} {result.samples:>7} "
+        f"samples  {_num(result.samples_per_second):>8} samples/s end to end  "
+        f"{_num(result.steady_samples_per_second):>8} steady  "
+        f"start-up {_num(result.startup_seconds, 2):>6} s  "
+        f"wall {_num(result.wall_seconds):>6} s  "
+        f"PSS {_mib(result.peak_pss_bytes):>6} MiB",
+        flush=True,
+    )
     if not result.complete:
-        print(f"  WARNING: {result.runner} produced {result.outputs} samples, expected "
-              f"{result.samples}", flush=True)
+        print(
+            f"  WARNING: {result.runner} produced {result.outputs} samples, expected "
+            f"{result.samples}",
+            flush=True,
+        )
 
 
 def _ratio(ours: float | None, theirs: float | None) -> float | None:
@@ -99,47 +118,65 @@ def peer_ratios(by_runner: dict[str, Result]) -> dict[str, dict[str, float | Non
     ours = by_runner.get("rayaug")
     if not ours or not ours.good:
         return {}
-    return {peer: {"end_to_end": _ratio(ours.samples_per_second, r.samples_per_second),
-                   "steady_state": _ratio(ours.steady_samples_per_second,
-                                          r.steady_samples_per_second)}
-            for peer, r in by_runner.items() if peer in PEERS and r.good}
+    return {
+        peer: {
+            "end_to_end": _ratio(ours.samples_per_second, r.samples_per_second),
+            "steady_state": _ratio(ours.steady_samples_per_second, r.steady_samples_per_second),
+        }
+        for peer, r in by_runner.items()
+        if peer in PEERS and r.good
+    }
 
 
 def ratios(results: Results) -> Ratios:
-    return {recipe: {str(views): {str(n): peer_ratios(by_runner)
-                                  for n, by_runner in by_n.items()}
-                     for views, by_n in by_views.items()}
-            for recipe, by_views in results.items()}
+    return {
+        recipe: {
+            str(views): {str(n): peer_ratios(by_runner) for n, by_runner in by_n.items()}
+            for views, by_n in by_views.items()
+        }
+        for recipe, by_views in results.items()
+    }
 
 
 def targets(table: Ratios) -> dict[str, dict[str, bool | None]]:
     """Issue 17's targets against Albumentations, per recipe, at every views and size run:
     `<kind>_views_<V>_at_<N>_ge_<bound>`: True, False, or None (not measured)."""
-    return {recipe: {f"{kind}_views_{views}_at_{n}_ge_{bound}":
-                     _at_least(cells.get("albumentations", {}).get(kind), bound)
-                     for views, by_n in by_views.items() for n, cells in by_n.items()
-                     for kind, bound in TARGETS.items()}
-            for recipe, by_views in table.items()}
+    return {
+        recipe: {
+            f"{kind}_views_{views}_at_{n}_ge_{bound}": _at_least(
+                cells.get("albumentations", {}).get(kind), bound
+            )
+            for views, by_n in by_views.items()
+            for n, cells in by_n.items()
+            for kind, bound in TARGETS.items()
+        }
+        for recipe, by_views in table.items()
+    }
 
 
 def _at_least(value: float | None, bound: float) -> bool | None:
     return None if value is None else value >= bound
 
 
-def print_recipe(recipe: Recipe, by_views: dict[int, dict[int, dict[str, Result]]],
-                 table: Ratios) -> None:
+def print_recipe(
+    recipe: Recipe, by_views: dict[int, dict[int, dict[str, Result]]], table: Ratios
+) -> None:
     print(f"\n{recipe.headline()}")
-    print(f"  {'runner':15} {'views':>5} {'samples':>7} {'e2e sam/s':>10} {'steady':>9}"
-          f" {'start-up s':>10} {'wall s':>8} {'RSS MiB':>8} {'PSS MiB':>8} {'procs':>5}  ok")
+    print(
+        f"  {'runner':15} {'views':>5} {'samples':>7} {'e2e sam/s':>10} {'steady':>9}"
+        f" {'start-up s':>10} {'wall s':>8} {'RSS MiB':>8} {'PSS MiB':>8} {'procs':>5}  ok"
+    )
     for views, by_n in by_views.items():
         for n, by_runner in by_n.items():
             for r in by_runner.values():
                 ok = "yes" if r.complete and not r.error else f"NO ({r.outputs}/{r.samples})"
-                print(f"  {r.runner:15} {views:>5} {n:>7} {_num(r.samples_per_second):>10} "
-                      f"{_num(r.steady_samples_per_second):>9} "
-                      f"{_num(r.startup_seconds, 2):>10} {_num(r.wall_seconds):>8} "
-                      f"{_mib(r.peak_rss_bytes):>8} {_mib(r.peak_pss_bytes):>8} "
-                      f"{r.peak_processes or 0:>5}  {ok}")
+                print(
+                    f"  {r.runner:15} {views:>5} {n:>7} {_num(r.samples_per_second):>10} "
+                    f"{_num(r.steady_samples_per_second):>9} "
+                    f"{_num(r.startup_seconds, 2):>10} {_num(r.wall_seconds):>8} "
+                    f"{_mib(r.peak_rss_bytes):>8} {_mib(r.peak_pss_bytes):>8} "
+                    f"{r.peak_processes or 0:>5}  {ok}"
+                )
     print_ratios(table.get(recipe.key, {}))
 
 
@@ -154,36 +191,56 @@ def print_ratios(by_views: dict[str, dict[str, dict[str, dict[str, float | None]
     print(f"  {'peer':15}" + "".join(f" {f'V={v} N={n}':>18}" for v, n in columns))
     for peer in peers:
         cells = [by_views[v][n].get(peer, {}) for v, n in columns]
-        print(f"  {peer:15}" + "".join(f" {_num(c.get('end_to_end'), 2):>9} / "
-                                       f"{_num(c.get('steady_state'), 2):<6}" for c in cells))
+        print(
+            f"  {peer:15}"
+            + "".join(
+                f" {_num(c.get('end_to_end'), 2):>9} / {_num(c.get('steady_state'), 2):<6}"
+                for c in cells
+            )
+        )
 
 
 def print_summary(results: Results, table: Ratios, verdicts: dict) -> None:
-    few = sorted({f"{r.recipe}/{r.runner}/views {r.views}/N={r.samples}"
-                  for r in _every(results) if r.commits < MIN_COMMITS})
+    few = sorted(
+        {
+            f"{r.recipe}/{r.runner}/views {r.views}/N={r.samples}"
+            for r in _every(results)
+            if r.commits < MIN_COMMITS
+        }
+    )
     if few:
-        print(f"\nnote: under {MIN_COMMITS} commits, steady state is noise, not a rate "
-              f"({len(few)} runs, e.g. {few[0]}): use more samples (shards of up to 256 "
-              "sources, V samples each)")
+        print(
+            f"\nnote: under {MIN_COMMITS} commits, steady state is noise, not a rate "
+            f"({len(few)} runs, e.g. {few[0]}): use more samples (shards of up to 256 "
+            "sources, V samples each)"
+        )
     if not any(r.samples == TARGET_SAMPLES for r in _every(results)):
-        print(f"note: issue 17 states its targets at {TARGET_SAMPLES:,} samples (--n "
-              f"{TARGET_SAMPLES}); these are checked at the sizes run")
-    print("\nsummary: rayaug ÷ Albumentations (end to end / steady state), rayaug ÷ floor "
-          "(end to end), rayaug start-up s; targets "
-          + ", ".join(f"{kind} ≥ {bound}" for kind, bound in TARGETS.items()))
-    print(f"  {'recipe':7} {'views':>5} {'samples':>7} {'albu e2e / steady':>19} {'floor':>6}"
-          f" {'start':>6}  targets")
+        print(
+            f"note: issue 17 states its targets at {TARGET_SAMPLES:,} samples (--n "
+            f"{TARGET_SAMPLES}); these are checked at the sizes run"
+        )
+    print(
+        "\nsummary: rayaug ÷ Albumentations (end to end / steady state), rayaug ÷ floor "
+        "(end to end), rayaug start-up s; targets "
+        + ", ".join(f"{kind} ≥ {bound}" for kind, bound in TARGETS.items())
+    )
+    print(
+        f"  {'recipe':7} {'views':>5} {'samples':>7} {'albu e2e / steady':>19} {'floor':>6}"
+        f" {'start':>6}  targets"
+    )
     for recipe, by_views in results.items():
         for views, by_n in by_views.items():
             for n, by_runner in by_n.items():
                 cells = table[recipe][str(views)][str(n)]
                 albu, floor = cells.get("albumentations", {}), cells.get("floor", {})
                 ours = by_runner.get("rayaug")
-                print(f"  {recipe:7} {views:>5} {n:>7} {_num(albu.get('end_to_end'), 2):>9} / "
-                      f"{_num(albu.get('steady_state'), 2):<7} "
-                      f"{_num(floor.get('end_to_end'), 2):>6} "
-                      f"{_num(ours.startup_seconds if ours else None):>6}  "
-                      f"{_verdict(verdicts[recipe], views, n)}")
+                print(
+                    f"  {recipe:7} {views:>5} {n:>7} {_num(albu.get('end_to_end'), 2):>9} / "
+                    f"{_num(albu.get('steady_state'), 2):<7} "
+                    f"{_num(floor.get('end_to_end'), 2):>6} "
+                    f"{_num(ours.startup_seconds if ours else None):>6}  "
+                    f"{_verdict(verdicts[recipe], views, n)}"
+                )
 
 
 def _verdict(verdict: dict[str, bool | None], views: int, n: int) -> str:
@@ -197,25 +254,41 @@ def _verdict(verdict: dict[str, bool | None], views: int, n: int) -> str:
 
 
 def _every(results: Results) -> list[Result]:
-    return [r for by_views in results.values() for by_n in by_views.values()
-            for by_runner in by_n.values() for r in by_runner.values()]
+    return [
+        r
+        for by_views in results.values()
+        for by_n in by_views.values()
+        for by_runner in by_n.values()
+        for r in by_runner.values()
+    ]
 
 
 def failed(results: Results) -> bool:
     return any(r.error or not r.complete for r in _every(results))
 
 
-def report_json(path: Path, info: dict[str, Any], config: dict[str, Any], results: Results,
-                table: Ratios, verdicts: dict) -> None:
+def report_json(
+    path: Path,
+    info: dict[str, Any],
+    config: dict[str, Any],
+    results: Results,
+    table: Ratios,
+    verdicts: dict,
+) -> None:
     document = {
         "schema": 3,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
         "config": config,
-        "results": {recipe: {str(views): {str(n): {name: asdict(r) for name, r in rs.items()}
-                                          for n, rs in by_n.items()}
-                             for views, by_n in by_views.items()}
-                    for recipe, by_views in results.items()},
+        "results": {
+            recipe: {
+                str(views): {
+                    str(n): {name: asdict(r) for name, r in rs.items()} for n, rs in by_n.items()
+                }
+                for views, by_n in by_views.items()
+            }
+            for recipe, by_views in results.items()
+        },
         "ratios": table,
         "targets": verdicts,
     }

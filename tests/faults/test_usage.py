@@ -149,8 +149,9 @@ def _s3(tmp: Path) -> str:
 CASES: dict[str, Case] = {
     # -- the spec file itself
     "unknown-field": Case(
-        _run(input={"formt": "folder"}), 2,
-        ["job.yaml", "input.formt: unknown field; did you mean 'format'?"]
+        _run(input={"formt": "folder"}),
+        2,
+        ["job.yaml", "input.formt: unknown field; did you mean 'format'?"],
     ),
     "unknown-top-level-field": Case(
         _run(view=2), 2, ["job.yaml", "view: unknown field; did you mean 'views'?"]

@@ -74,15 +74,28 @@ def child_env(ray_tmp: Path, extra: dict[str, str] | None = None) -> dict[str, s
     return env | CHILD_ENV | {"RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": path} | (extra or {})
 
 
-def run_peer(name: str, recipe: Recipe, photos: Photos, views: int, work: Path,
-             ray_tmp: Path) -> Result:
+def run_peer(
+    name: str, recipe: Recipe, photos: Photos, views: int, work: Path, ray_tmp: Path
+) -> Result:
     """Run one peer in its own process (benchmark.runners.worker) and count its outputs."""
     out = work / "out"
     out.mkdir(parents=True)
     log = work / "stderr.log"
-    command = [sys.executable, "-m", "benchmark.runners.worker", name, recipe.key,
-               str(photos.images), str(out), "--views", str(views), "--cores", str(cores()),
-               "--annotations", str(photos.annotations)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark.runners.worker",
+        name,
+        recipe.key,
+        str(photos.images),
+        str(out),
+        "--views",
+        str(views),
+        "--cores",
+        str(cores()),
+        "--annotations",
+        str(photos.annotations),
+    ]
     measured = measure(command, child_env(ray_tmp), log)
     result = Result(name, recipe.key, views, photos.sources, photos.sources * views)
     commits = committed_files(local_fs(), str(out), ".jpg" if name == "naive-ray" else ".parquet")
@@ -91,8 +104,15 @@ def run_peer(name: str, recipe: Recipe, photos: Photos, views: int, work: Path,
     return finish(result, measured, log, commits)
 
 
-def run_rayaug(name: str, recipe: Recipe, photos: Photos, views: int, work: Path,
-               setting: Setting, s3: Any = None) -> Result:
+def run_rayaug(
+    name: str,
+    recipe: Recipe,
+    photos: Photos,
+    views: int,
+    work: Path,
+    setting: Setting,
+    s3: Any = None,
+) -> Result:
     """`rayaug run SPEC --json` in a subprocess, to local disk or to the S3 server `s3`."""
     import yaml
 
@@ -104,19 +124,32 @@ def run_rayaug(name: str, recipe: Recipe, photos: Photos, views: int, work: Path
         output_uri = f"s3://{S3_BUCKET}/{work.relative_to(setting.run_dir.parent).as_posix()}"
         storage = {"endpoint": f"http://{s3.endpoint}", "region": s3.region}
         env = child_env(setting.ray_tmp, s3.env())
-    spec = rayaug_spec(recipe, photos.images, output_uri, photos.sources, views, setting.gpu,
-                       storage, photos.annotations)
+    spec = rayaug_spec(
+        recipe,
+        photos.images,
+        output_uri,
+        photos.sources,
+        views,
+        setting.gpu,
+        storage,
+        photos.annotations,
+    )
     spec_path = work / "job.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     measured = measure([rayaug_binary(), "run", str(spec_path), "--json"], env, log)
     summary = last_json(measured.stdout)
     result = Result(name, recipe.key, views, photos.sources, photos.sources * views)
-    filesystem, base = (local_fs(), str(work / "out")) if s3 is None else (
-        s3.filesystem(), output_uri[len("s3://"):])
+    filesystem, base = (
+        (local_fs(), str(work / "out"))
+        if s3 is None
+        else (s3.filesystem(), output_uri[len("s3://") :])
+    )
     result.outputs = parquet_rows(filesystem, f"{base}/data")
     commits = committed_files(filesystem, f"{base}/manifests", ".parquet")
-    result.extra = {f"summary_{k}": summary.get(k) for k in
-                    ("startup_seconds", "wall_seconds", "samples_per_second", "quarantined")}
+    result.extra = {
+        f"summary_{k}": summary.get(k)
+        for k in ("startup_seconds", "wall_seconds", "samples_per_second", "quarantined")
+    }
     return finish(result, measured, log, commits)
 
 

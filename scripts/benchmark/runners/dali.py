@@ -34,9 +34,13 @@ def run_dali(recipe: Recipe, images: Path, out: Path, views: int, procs: int) ->
     @pipeline_def(batch_size=SHARD_SOURCES, num_threads=procs, device_id=0, seed=SEED)
     def pipeline():  # type: ignore[no-untyped-def]
         jpegs, _ = fn.readers.file(files=files, name="reader", random_shuffle=False)
-        decoded = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
-                                                random_area=list(CROP_SCALE),
-                                                random_aspect_ratio=list(CROP_RATIO))
+        decoded = fn.decoders.image_random_crop(
+            jpegs,
+            device="mixed",
+            output_type=types.RGB,
+            random_area=list(CROP_SCALE),
+            random_aspect_ratio=list(CROP_RATIO),
+        )
         resized = fn.resize(decoded, size=[recipe.size, recipe.size])
         flipped = fn.flip(resized, horizontal=fn.random.coin_flip(probability=P_FLIP))
         coloured = fn.color_twist(
@@ -44,14 +48,24 @@ def run_dali(recipe: Recipe, images: Path, out: Path, views: int, procs: int) ->
             brightness=fn.random.uniform(range=[1 - BRIGHTNESS, 1 + BRIGHTNESS]),
             contrast=fn.random.uniform(range=[1 - CONTRAST, 1 + CONTRAST]),
             saturation=fn.random.uniform(range=[1 - SATURATION, 1 + SATURATION]),
-            hue=fn.random.uniform(range=[-HUE * 360, HUE * 360]))
-        return fn.rotate(coloured, angle=fn.random.uniform(range=[-DEGREES, DEGREES]),
-                         keep_size=True, fill_value=0)
+            hue=fn.random.uniform(range=[-HUE * 360, HUE * 360]),
+        )
+        return fn.rotate(
+            coloured,
+            angle=fn.random.uniform(range=[-DEGREES, DEGREES]),
+            keep_size=True,
+            fill_value=0,
+        )
 
     pipe = pipeline()
     pipe.build()
-    batches = DALIGenericIterator(pipe, ["images"], reader_name="reader",
-                                  last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=False)
+    batches = DALIGenericIterator(
+        pipe,
+        ["images"],
+        reader_name="reader",
+        last_batch_policy=LastBatchPolicy.PARTIAL,
+        auto_reset=False,
+    )
     written = 0
     for index, batch in enumerate(batches):
         encoded = encode_gpu(batch[0]["images"], recipe.quality)

@@ -108,12 +108,18 @@ def run_naive_ray(recipe: Recipe, images: Path, out: Path, views: int, procs: in
     import ray
     from ray.util import ActorPool
 
-    ray.init(address="local", num_cpus=procs, include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=procs,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
     try:
         actor = ray.remote(num_cpus=0.5)(NaiveAugmenter)  # fractional: no 2-CPU deadlock
-        pool = ActorPool([actor.remote(str(out), recipe.size, recipe.quality, views)
-                          for _ in range(procs)])
+        pool = ActorPool(
+            [actor.remote(str(out), recipe.size, recipe.quality, views) for _ in range(procs)]
+        )
         items = [(key, str(path)) for key, path in list_images(images)]
         batches = [chunk for _, chunk in chunks(items, RAY_CHUNK)]
         return sum(pool.map_unordered(lambda a, chunk: a.process.remote(chunk), batches))

@@ -28,11 +28,18 @@ _BOXES: dict[str, tuple[list[list[float]], list[int]]] | None = None
 def chunks(items: list, size: int) -> Iterator[tuple[int, list]]:
     """(index, items[start:start + size]) over the whole list."""
     for index, start in enumerate(range(0, len(items), size)):
-        yield index, items[start:start + size]
+        yield index, items[start : start + size]
 
 
-def run_pool(recipe: Recipe, images: Path, out: Path, views: int, procs: int, kind: str,
-             annotations: str | None) -> int:
+def run_pool(
+    recipe: Recipe,
+    images: Path,
+    out: Path,
+    views: int,
+    procs: int,
+    kind: str,
+    annotations: str | None,
+) -> int:
     """`kind` floor or albumentations over every image under `images`; returns samples out."""
     global _RECIPE, _VIEWS
     _RECIPE, _VIEWS = recipe, views
@@ -48,15 +55,19 @@ def sample_key(key: str, view: int) -> str:
     return f"{key}#{view}"
 
 
-def write_shard(path: Path, keys: list[str], images: list[bytes],
-                targets: list[str] | None = None) -> None:
+def write_shard(
+    path: Path, keys: list[str], images: list[bytes], targets: list[str] | None = None
+) -> None:
     """A Parquet shard: key, image, label (+ targets: the moved boxes as JSON), written aside
     and renamed, so its modification time is its commit time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = {"key": pa.array(keys, pa.string()), "image": pa.array(images, pa.binary()),
-               "label": pa.array([key.split("/", 1)[0] for key in keys], pa.string())}
+    columns = {
+        "key": pa.array(keys, pa.string()),
+        "image": pa.array(images, pa.binary()),
+        "label": pa.array([key.split("/", 1)[0] for key in keys], pa.string()),
+    }
     if targets is not None:
         columns["targets"] = pa.array(targets, pa.string())
     partial = path.with_name(f".{path.name}.partial")
@@ -76,8 +87,9 @@ def _floor_shard(task: Task) -> int:
             rgb = image.convert("RGB")
         for view in range(_VIEWS):
             buffer = io.BytesIO()
-            rgb.resize((size, size), Image.Resampling.BILINEAR).save(buffer, "JPEG",
-                                                                     quality=quality)
+            rgb.resize((size, size), Image.Resampling.BILINEAR).save(
+                buffer, "JPEG", quality=quality
+            )
             keys.append(sample_key(key, view))
             encoded.append(buffer.getvalue())
     write_shard(out / f"part-{index:05d}.parquet", keys, encoded)
@@ -113,14 +125,18 @@ def _albu_shard(task: Task) -> int:
         rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
         for view in range(_VIEWS):
             augmented, target = _albu_view(key, rgb)
-            ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(augmented, cv2.COLOR_RGB2BGR),
-                                    [cv2.IMWRITE_JPEG_QUALITY, _RECIPE.quality])
+            ok, jpeg = cv2.imencode(
+                ".jpg",
+                cv2.cvtColor(augmented, cv2.COLOR_RGB2BGR),
+                [cv2.IMWRITE_JPEG_QUALITY, _RECIPE.quality],
+            )
             if ok:
                 keys.append(sample_key(key, view))
                 encoded.append(jpeg.tobytes())
                 targets.append(target)
-    write_shard(out / f"part-{index:05d}.parquet", keys, encoded,
-                targets if _BOXES is not None else None)
+    write_shard(
+        out / f"part-{index:05d}.parquet", keys, encoded, targets if _BOXES is not None else None
+    )
     return len(encoded)
 
 
@@ -131,9 +147,8 @@ def _albu_view(key: str, rgb: Any) -> tuple[Any, str | None]:
     if _BOXES is None:
         return _ALBU(image=rgb)["image"], None
     boxes, classes = _BOXES.get(key, ([], []))
-    augmented = _ALBU(image=rgb, bboxes=np.array(boxes, np.float32).reshape(-1, 4),
-                      classes=classes)
-    xyxy = [[float(x), float(y), float(x + w), float(y + h)]
-            for x, y, w, h in augmented["bboxes"]]
-    return augmented["image"], json.dumps({"boxes": xyxy,
-                                           "classes": [int(c) for c in augmented["classes"]]})
+    augmented = _ALBU(image=rgb, bboxes=np.array(boxes, np.float32).reshape(-1, 4), classes=classes)
+    xyxy = [[float(x), float(y), float(x + w), float(y + h)] for x, y, w, h in augmented["bboxes"]]
+    return augmented["image"], json.dumps(
+        {"boxes": xyxy, "classes": [int(c) for c in augmented["classes"]]}
+    )

@@ -25,8 +25,7 @@ def work(runner: str, args: argparse.Namespace) -> int:
         return run_dali(recipe, args.images, args.out, args.views, args.cores)
     from .pool import run_pool
 
-    return run_pool(recipe, args.images, args.out, args.views, args.cores, runner,
-                    args.annotations)
+    return run_pool(recipe, args.images, args.out, args.views, args.cores, runner, args.annotations)
 
 
 def main() -> None:
