@@ -88,15 +88,14 @@ class ShardView:
     shard), how many items it serves (samples; sources with all their views when an item is
     several views), and how many of its sources are left out (a view quarantined or missing)."""
 
-    shard: str
+    shards: tuple[str, ...]
     objects: tuple[tuple[str, DataObject], ...]
     samples: int
-    shards: tuple[str, ...] = ()
     left_out: int = 0
 
     @property
     def name(self) -> str:
-        return "+".join(self.shards or (self.shard,))
+        return "+".join(self.shards)
 
 
 def shard_views(output: Output, views: Sequence[int]) -> list[ShardView]:
@@ -131,7 +130,7 @@ def shard_views(output: Output, views: Sequence[int]) -> list[ShardView]:
         else:
             count, left = _count_items(output, shards, views, sources)
         if count or (left and len(views) > 1):
-            found.append(ShardView(shards[0], tuple(held), count, tuple(shards), left))
+            found.append(ShardView(tuple(shards), tuple(held), count, left))
     return found
 
 
@@ -149,19 +148,21 @@ def _source_groups(output: Output, grouped: bool) -> list[tuple[str, ...]]:
     return sorted((tuple(g) for g in groups.values()), key=lambda g: g[0])
 
 
+def _sources_read(sources: set[int | None]) -> int | None:
+    """The sources a group's shards read, where every footer records the same count."""
+    return next(iter(sources)) if len(sources) == 1 and None not in sources else None
+
+
 def _complete(counted: dict[int, int], views: tuple[int, ...], sources: set) -> bool:
     """Whether the footers alone show every source of a group with every view of `views`."""
-    if None in sources or len(sources) != 1:
-        return False
-    (read,) = sources
-    return all(counted.get(v) == read for v in views)
+    read = _sources_read(sources)
+    return read is not None and all(counted.get(v) == read for v in views)
 
 
 def _complete_left(sources: set, count: int) -> int:
     """Sources of a one-shard entry without the view served, where the footer tells."""
-    if None in sources or len(sources) != 1:
-        return 0
-    return max(next(iter(sources)) - count, 0)
+    read = _sources_read(sources)
+    return 0 if read is None else max(read - count, 0)
 
 
 def _count_items(
@@ -174,10 +175,9 @@ def _count_items(
         for key, view in zip(
             table.column("source_key").to_pylist(), table.column("view").to_pylist(), strict=True
         ):
+            got = having.setdefault(key, set())  # a source with none of the views counts
             if view in views:
-                having.setdefault(key, set()).add(view)
-            else:
-                having.setdefault(key, set())
+                got.add(view)
     complete = sum(1 for got in having.values() if len(got) == len(views))
     read = max((s for s in sources if s is not None), default=len(having))
     return complete, max(read, len(having)) - complete
@@ -528,7 +528,6 @@ class Epoch(_iterable_base()):
         # Epoch e with k views per item: views e*k ... e*k+k-1 (mod the job's views).
         self.views_per_item = views_per_item
         self.views = tuple((epoch * views_per_item + j) % views for j in range(views_per_item))
-        self.view = self.views[0]
         self.seed = output.spec.seed if seed is None else seed
         self.columns, self.decode = tuple(columns), decode
         self.catalogue = shard_views(output, self.views)
@@ -739,7 +738,7 @@ class Epoch(_iterable_base()):
         wanted = sorted({*self.columns, "sample_id", "source_key", "view", "index", "shard"})
         rows = [
             r
-            for shard in entry.shards or (entry.shard,)
+            for shard in entry.shards
             for r in _view_rows(_manifest_columns(self.output, shard, wanted), self.views)
         ]
         if self.views_per_item == 1:

@@ -195,7 +195,7 @@ def _rayaug(uri: str, server: Any, workers: int, decode: bool) -> dict:
         epoch = out.epoch(EPOCH, batch_size=BATCH, num_workers=workers, decode=decode)
         counted = out.epoch(EPOCH, batch_size=BATCH, num_workers=workers, decode=False)
     # Lance's runtime does not survive a fork: its workers are spawned (README)
-    context = "spawn" if uri.rstrip("/").endswith("lance-by_view") else None
+    context = "spawn" if out.spec.output.format == "lance" else None
     loader = DataLoader(
         epoch,
         batch_size=BATCH,
