@@ -339,7 +339,8 @@ def images_of(table: pa.Table, masks: bool) -> dict[str, bytes]:
     return {sample: value for sample, value in pairs if value is not None}
 
 
-def parquet_bytes(table: pa.Table, compression: str = "zstd") -> bytes:
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A manifest or quarantine table as zstd-compressed Parquet."""
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression=compression)
+    pq.write_table(table, buffer, compression="zstd")
     return buffer.getvalue()
