@@ -14,11 +14,19 @@ depends on its batch, and a sample can be rerun from its decoded pixels.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from rayaug.ops import LUMA, Params, fused_colour_map, kernels_in, noise_field, saturation_matrix
+from rayaug.ops import (
+    LUMA,
+    Params,
+    fused_colour_map,
+    kernels_in,
+    noise_field,
+    saturation_matrix,
+)
 
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767
@@ -69,16 +77,6 @@ def _colour_map(pixels: np.ndarray, matrix: np.ndarray, offset: np.ndarray) -> n
     return cv2.transform(pixels, np.hstack([matrix, offset[:, None]]))
 
 
-def _towards_gray(pixels: np.ndarray, factor: float) -> np.ndarray:
-    """factor · image + (1 - factor) · its luma: Kornia's saturation step (0: grayscale)."""
-    return _colour_map(pixels, saturation_matrix(factor), np.zeros(3))
-
-
-def _mean_gray(pixels: np.ndarray) -> float:
-    """The mean luma in levels (Kornia's contrast reference)."""
-    return float(LUMA @ np.array(cv2.mean(pixels)[:3]))
-
-
 def _to_uint8(levels: np.ndarray) -> np.ndarray:
     """0-255 floats → uint8, rounded half to even and clipped (the encoder's conversion)."""
     return np.clip(np.rint(levels), 0, 255).astype(np.uint8)
@@ -97,14 +95,62 @@ def _hue(pixels: np.ndarray, turns: float) -> np.ndarray:
     return cv2.convertScaleAbs(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
 
 
-def _jitter_step(pixels: np.ndarray, step: str, factor: float) -> np.ndarray:
-    if step == "brightness":
-        return _lut(pixels, _LEVELS * factor)
-    if step == "contrast":
-        return _lut(pixels, _LEVELS * factor + _mean_gray(pixels) * (1 - factor))
-    if step == "saturation":
-        return _towards_gray(pixels, factor)
-    return _hue(pixels, factor)
+@dataclass
+class _AffineRun:
+    """Affine jitter steps not applied yet, composed: x -> a·x + b·luma(x) + c (each channel,
+    levels). Brightness, contrast and saturation, in any order, stay in this form."""
+
+    a: float = 1.0
+    b: float = 0.0
+    c: float = 0.0
+    input_luma: float | None = None  # the mean luma of the run's input, once contrast asks
+
+    def then(self, step: str, factor: float, pixels: np.ndarray) -> None:
+        """Compose one more step (`pixels`: the run's input, for contrast's mean)."""
+        if step == "saturation":  # f·y + (1 - f)·luma(y), and luma(y) = (a + b)·luma(x) + c
+            self.b = factor * self.b + (1 - factor) * (self.a + self.b)
+            self.a *= factor
+            return
+        shift = 0.0
+        if step == "contrast":  # about the mean luma of y, which is the run's map of x's
+            if self.input_luma is None:
+                self.input_luma = float(LUMA @ np.array(cv2.mean(pixels)[:3]))
+            shift = (1 - factor) * ((self.a + self.b) * self.input_luma + self.c)
+        self.a, self.b, self.c = factor * self.a, factor * self.b, factor * self.c + shift
+
+    def stays_in_levels(self) -> bool:
+        """Whether every 8-bit RGB maps into [0, 255]: nothing clips before the next step
+        (interval arithmetic over the box [0, 255]³, channel by channel)."""
+        for channel in range(3):
+            row = [self.b * weight for weight in LUMA]
+            row[channel] += self.a
+            low = self.c + 255 * sum(min(term, 0.0) for term in row)
+            high = self.c + 255 * sum(max(term, 0.0) for term in row)
+            if low < -1e-6 or high > 255 + 1e-6:
+                return False
+        return True
+
+    def apply(self, pixels: np.ndarray) -> np.ndarray:
+        matrix = self.a * np.eye(3) + self.b * np.outer(np.ones(3), LUMA)
+        return _colour_map(pixels, matrix, np.full(3, self.c))
+
+
+def _exact_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
+    """Kornia's four steps in the sample's order, each clipped. A run of the affine ones
+    (brightness, contrast, saturation) that cannot leave [0, 255] before its last step clips
+    nothing in Kornia either: it is one colour map and one rounding. A run ends at hue (HSV,
+    not affine) and after a step that may clip."""
+    run: _AffineRun | None = None
+    for step in params["order"]:
+        if step == "hue":
+            pixels = _hue(run.apply(pixels) if run else pixels, params["hue"])
+            run = None
+            continue
+        run = run or _AffineRun()
+        run.then(step, params[step], pixels)
+        if not run.stays_in_levels():
+            pixels, run = run.apply(pixels), None
+    return run.apply(pixels) if run else pixels
 
 
 def color_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
@@ -113,13 +159,12 @@ def color_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
     if params.get("fused"):
         matrix, offset = fused_colour_map(np.array(cv2.mean(pixels)[:3]) / 255, params)
         return _colour_map(pixels, matrix, 255 * offset)
-    for step in params["order"]:
-        pixels = _jitter_step(pixels, step, params[step])
-    return pixels
+    return _exact_jitter(pixels, params)
 
 
 def grayscale(pixels: np.ndarray, params: Params) -> np.ndarray:
-    return _towards_gray(pixels, 0.0)
+    """Kornia's saturation step at factor 0: each channel becomes the luma."""
+    return _colour_map(pixels, saturation_matrix(0.0), np.zeros(3))
 
 
 def posterize(pixels: np.ndarray, params: Params) -> np.ndarray:
