@@ -31,6 +31,7 @@ from rayaug.ops import (
 # OpenCV's warps index pixels with 16-bit integers: larger images go through Kornia.
 _MAX_SIDE = 32767
 _LEVELS = np.arange(256, dtype=np.float64)
+_LUMA_WEIGHTS = [float(weight) for weight in LUMA]
 
 PixelKernel = Callable[[np.ndarray, Params], np.ndarray]
 
@@ -119,20 +120,25 @@ class _AffineRun:
         self.a, self.b, self.c = factor * self.a, factor * self.b, factor * self.c + shift
 
     def stays_in_levels(self) -> bool:
-        """Whether every 8-bit RGB maps into [0, 255]: nothing clips before the next step
-        (interval arithmetic over the box [0, 255]³, channel by channel)."""
-        for channel in range(3):
-            row = [self.b * weight for weight in LUMA]
-            row[channel] += self.a
-            low = self.c + 255 * sum(min(term, 0.0) for term in row)
-            high = self.c + 255 * sum(max(term, 0.0) for term in row)
+        """Whether every 8-bit RGB maps into [0, 255]: nothing clips before the next step.
+        Interval arithmetic over the RGB cube: channel k's map has the weight a + b·w_k on
+        itself and b·w_j on the others, which add up to b·(1 - w_k) (the luma weights w sum
+        to 1)."""
+        for weight in _LUMA_WEIGHTS:
+            own, others = self.a + self.b * weight, self.b * (1 - weight)
+            low = self.c + 255 * (min(own, 0.0) + min(others, 0.0))
+            high = self.c + 255 * (max(own, 0.0) + max(others, 0.0))
             if low < -1e-6 or high > 255 + 1e-6:
                 return False
         return True
 
     def apply(self, pixels: np.ndarray) -> np.ndarray:
-        matrix = self.a * np.eye(3) + self.b * np.outer(np.ones(3), LUMA)
-        return _colour_map(pixels, matrix, np.full(3, self.c))
+        """The run as one colour map (RGB rows), rounded once and clipped."""
+        a, b, c = self.a, self.b, self.c
+        rows = [[b * w for w in _LUMA_WEIGHTS] + [c] for _ in range(3)]
+        for channel in range(3):
+            rows[channel][channel] += a
+        return cv2.transform(pixels, np.array(rows))
 
 
 def _exact_jitter(pixels: np.ndarray, params: Params) -> np.ndarray:
