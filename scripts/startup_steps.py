@@ -17,11 +17,20 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
-import psutil
 import yaml
 
-T0 = psutil.Process().create_time()
+
+def _process_start() -> float:
+    """This process's start, epoch seconds, to the clock tick: psutil's create_time adds the
+    boot time in whole seconds (/proc/stat's btime), up to a second off."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+T0 = _process_start()
 marks: list[tuple[float, str]] = []
 
 
