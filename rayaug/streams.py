@@ -37,15 +37,21 @@ class Streams:
     `np.random.default_rng([seed, position])`, valid until the thread's next stream."""
 
     def __init__(self, seeds: Iterable[int], positions: int) -> None:
-        by_width: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        # Rows of entropy words grouped by length: one array (and one hash) per length.
+        by_width: dict[int, tuple[list[tuple[int, int]], list[list[int]]]] = defaultdict(
+            lambda: ([], [])
+        )
+        position_words = [_words(position) for position in range(positions)]
         for seed in dict.fromkeys(seeds):
-            for position in range(positions):
-                key = (seed, position)
-                by_width[len(_words(seed)) + len(_words(position))].append(key)
+            seed_words = _words(seed)
+            for position, words in enumerate(position_words):
+                keys, rows = by_width[len(seed_words) + len(words)]
+                keys.append((seed, position))
+                rows.append(seed_words + words)
         self._states: dict[tuple[int, int], tuple[int, int]] = {}
-        for keys in by_width.values():
-            entropy = np.array([_words(seed) + _words(position) for seed, position in keys])
-            self._states |= zip(keys, _pcg64_seeded(entropy.astype(np.uint32)), strict=True)
+        for keys, rows in by_width.values():
+            entropy = np.array(rows, dtype=np.uint32)
+            self._states |= zip(keys, _pcg64_seeded(entropy), strict=True)
 
     def __call__(self, seed: int, position: int) -> np.random.Generator:
         state, increment = self._states[(seed, position)]
