@@ -266,16 +266,23 @@ def _scaled_size(canvas: tuple[int, int], scale: int) -> tuple[int, int]:
     return -(-canvas[0] // scale), -(-canvas[1] // scale)
 
 
+def _whole_plain_jpeg(opened: Opened) -> bool:
+    """A whole, upright, 8-bit RGB or gray JPEG: what OpenCV and nvJPEG decode as Pillow does.
+    A truncated file is not: Pillow reports it, where OpenCV and nvJPEG pad it with gray."""
+    image = opened.image
+    return (
+        image.format == "JPEG"
+        and image.mode in ("RGB", "L")
+        and opened.orientation == 1
+        and opened.data.endswith(_JPEG_END)
+    )
+
+
 def _plain_jpeg_scale(opened: Opened, reduction: int) -> int | None:
     """The DCT scale OpenCV decodes a whole, upright, 8-bit JPEG at; None where Pillow
     decodes (a truncated or CMYK file, a box filter to follow): Pillow words its errors."""
     image = opened.image
-    if (
-        image.format != "JPEG"
-        or image.mode not in ("RGB", "L")
-        or opened.orientation != 1
-        or not opened.data.endswith(_JPEG_END)  # truncated: Pillow reports it, OpenCV pads
-    ):
+    if not _whole_plain_jpeg(opened):
         return None
     scale = _dct_scale(image.size, reduction)
     drafted_width = -(-image.size[0] // scale)  # libjpeg rounds a scaled size up
@@ -356,13 +363,12 @@ def _torchvision_io() -> ModuleType | None:
 
 def decode_on_device(opened: Opened, reduction: int, device: str) -> torch.Tensor | None:
     """(3, H, W) float in [0, 1] on a CUDA device, decoded by nvJPEG and box-filtered by
-    `reduction` like the Pillow path; None when nvJPEG does not apply (not a plain JPEG,
-    EXIF-rotated, no torchvision): the caller decodes with Pillow then."""
+    `reduction` like the Pillow path; None when nvJPEG does not apply (not a whole plain JPEG:
+    EXIF-rotated or truncated, say; no torchvision): the caller decodes with Pillow then."""
     if not device.startswith("cuda"):
         return None
     tvio = _torchvision_io()
-    plain_jpeg = opened.image.format == "JPEG" and opened.image.mode in ("RGB", "L")
-    if tvio is None or not plain_jpeg or opened.orientation != 1:
+    if tvio is None or not _whole_plain_jpeg(opened):
         return None
     import torch
     import torch.nn.functional as F

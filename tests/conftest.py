@@ -28,7 +28,7 @@ from gcsserver import GcsEmulator
 from procserver import ProcessServer
 from s3server import SeaweedS3
 
-from rayaug import sampledata
+from rayaug import codec, sampledata
 
 BUCKET = "rayaug-test"
 SESSION_RAY = "session-ray"  # xdist_group: tests on the session's Ray (and its servers)
@@ -209,6 +209,25 @@ def ray_cluster(s3: SeaweedS3, gcs: GcsEmulator, azure: Azurite) -> Iterator[str
 def photos() -> list[sampledata.SamplePhoto]:
     """Real photographs (crops of scikit-image / scikit-learn samples), small for speed."""
     return list(sampledata.make_photos(24, seed=1, short_side=(96, 160)))
+
+
+@pytest.fixture
+def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per JPEG decode that gave pixels: windowed (libturbojpeg) or whole (OpenCV).
+    Without libturbojpeg the windowed call returns None and the whole decode follows: one."""
+    decodes: list[int] = []
+
+    def counted(decoder):
+        def decode(*args):
+            pixels = decoder(*args)
+            decodes.extend([] if pixels is None else [1])
+            return pixels
+
+        return decode
+
+    monkeypatch.setattr(codec.jpeg_window, "decode", counted(codec.jpeg_window.decode))
+    monkeypatch.setattr(codec, "_decode_plain_jpeg", counted(codec._decode_plain_jpeg))
+    return decodes
 
 
 @pytest.fixture

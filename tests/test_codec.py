@@ -87,6 +87,19 @@ def test_rgb_jpeg_and_png() -> None:
     assert np.abs(jpeg.astype(int) - rgb).mean() < 4
 
 
+def test_a_truncated_jpeg_is_left_to_pillow_on_every_decoder() -> None:
+    """OpenCV and nvJPEG pad a truncated JPEG with gray and return an image; Pillow reports
+    it. Neither fast decoder is given one (an H200 run turned a truncated file into samples
+    before nvJPEG was held to this), so it is quarantined on CPU and GPU alike."""
+    photo = next(iter(sampledata.make_photos(1, seed=4, short_side=(120, 160))))
+    whole = codec.open_image(photo.jpeg, 10**8)
+    cut = codec.open_image(photo.jpeg[: len(photo.jpeg) // 2], 10**8)
+    assert codec._whole_plain_jpeg(whole) and not codec._whole_plain_jpeg(cut)
+    assert codec._decode_plain_jpeg(cut, 1) is None
+    with pytest.raises(DecodeError):
+        codec.decode(cut, 1)
+
+
 def test_grayscale_l_is_replicated_to_three_channels() -> None:
     gray = (np.arange(30 * 40) % 256).astype(np.uint8).reshape(30, 40)
     pixels = _decode(_save(Image.fromarray(gray, "L"), "PNG"))
@@ -386,16 +399,8 @@ def _views_of(opened: codec.Opened, boxes: list[tuple[float, float, float, float
     return [(1, (x0 * width, y0 * height, x1 * width, y1 * height)) for x0, y0, x1, y1 in boxes]
 
 
-def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    windowed, whole = codec.jpeg_window.decode, codec._decode_plain_jpeg
-    monkeypatch.setattr(codec.jpeg_window, "decode", lambda *a: calls.append(1) or windowed(*a))
-    monkeypatch.setattr(codec, "_decode_plain_jpeg", lambda *a: calls.append(1) or whole(*a))
-    return calls
-
-
 def test_views_of_one_source_share_a_decode_and_each_gets_its_own_parts_pixels(
-    monkeypatch,
+    counted_decodes,
 ) -> None:
     """Overlapping windows at one scale come from one decode of their union; each view gets
     the very window (origin, size, and the pixels a warp reads) that a decode of its own
@@ -404,9 +409,9 @@ def test_views_of_one_source_share_a_decode_and_each_gets_its_own_parts_pixels(
     opened = codec.open_image(photo.jpeg, MAX_PIXELS)
     wanted = _views_of(opened, [(0.1, 0.1, 0.6, 0.5), (0.3, 0.2, 0.8, 0.7), (0.2, 0.4, 0.5, 0.9)])
     alone = [codec.decode_part(opened, *view) for view in wanted]
-    calls = _count_decodes(monkeypatch)
+    counted_decodes.clear()  # what the calls below decode
     shared = codec.decode_parts(opened, wanted)
-    assert len(calls) == 1
+    assert len(counted_decodes) == 1
     margin = codec.jpeg_window.MARGIN
     inside = (slice(margin, -margin), slice(margin, -margin))
     for own, cut in zip(alone, shared, strict=True):
@@ -414,28 +419,28 @@ def test_views_of_one_source_share_a_decode_and_each_gets_its_own_parts_pixels(
         np.testing.assert_array_equal(cut.pixels[inside], own.pixels[inside])
 
 
-def test_views_at_different_scales_decode_once_per_scale(monkeypatch) -> None:
+def test_views_at_different_scales_decode_once_per_scale(counted_decodes) -> None:
     (photo,) = sampledata.make_photos(1, seed=9, short_side=(600, 640))
     opened = codec.open_image(photo.jpeg, MAX_PIXELS)
     height, width = opened.canvas
     wanted = [(1, None), (2, None), (1, (5.0, 5.0, width / 2, height / 2)), (2, None)]
-    calls = _count_decodes(monkeypatch)
+    counted_decodes.clear()  # what the calls below decode
     parts = codec.decode_parts(opened, wanted)
-    assert len(calls) == 2
+    assert len(counted_decodes) == 2
     np.testing.assert_array_equal(parts[0].pixels, codec.decode(opened, 1))
     np.testing.assert_array_equal(parts[1].pixels, codec.decode(opened, 2))
     assert np.shares_memory(parts[3].pixels, parts[1].pixels)
 
 
-def test_far_apart_small_windows_of_a_large_photo_are_decoded_apart(monkeypatch) -> None:
+def test_far_apart_small_windows_of_a_large_photo_are_decoded_apart(counted_decodes) -> None:
     """A union mostly of pixels no view reads costs more than the windows alone: each view
     then gets a decode of its own."""
     (photo,) = sampledata.make_photos(1, seed=10, short_side=(1800, 1900))
     opened = codec.open_image(photo.jpeg, MAX_PIXELS)
     wanted = _views_of(opened, [(0.0, 0.0, 0.05, 0.05), (0.9, 0.9, 0.95, 0.95)])
-    calls = _count_decodes(monkeypatch)
+    counted_decodes.clear()  # what the calls below decode
     parts = codec.decode_parts(opened, wanted)
-    assert len(calls) == 2
+    assert len(counted_decodes) == 2
     for view, part in zip(wanted, parts, strict=True):
         own = codec.decode_part(opened, *view)
         np.testing.assert_array_equal(part.pixels, own.pixels)
