@@ -228,8 +228,11 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
-    )  # its own group: a terminal's Ctrl-C
+        start_new_session=True,  # its own group: a terminal's Ctrl-C
+        # SIGINT as a terminal leaves it: the tests may run where it is ignored (a background
+        # job, nohup), which children inherit, and rayaug rightly keeps ignoring it then
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while not list((out / "manifests").glob("*.parquet")):
