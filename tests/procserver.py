@@ -6,6 +6,7 @@ answers), kill (SIGKILL, as in an outage), stop, restart on the same port and da
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,10 +18,18 @@ from pathlib import Path
 from s3server import _die_with_parent
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: every socket stays open until all are chosen
+    (closed one by one, two calls can return the same port)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class ProcessServer:

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from azureserver import Azurite
+from procserver import free_port, free_ports
 
 from rayaug import sampledata, submit
 from rayaug.errors import UsageError
@@ -73,12 +73,6 @@ def _secrets_to_hide() -> list[str]:
     if os.environ.get("RAY_AUTH_TOKEN"):
         found.append(os.environ["RAY_AUTH_TOKEN"])
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _environ_without_ray_address() -> dict[str, str]:
@@ -161,20 +155,18 @@ def _head(
     no Azure variable of this process and `node_env` (a node's own credentials) in its
     environment."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp"))  # short: unix sockets < 107
-    ports = {
-        name: _free_port()
-        for name in (
-            "port",
-            "dashboard-port",
-            "object-manager-port",
-            "node-manager-port",
-            "ray-client-server-port",
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "runtime-env-agent-port",
-            "metrics-export-port",
-        )
-    }
+    names = (
+        "port",
+        "dashboard-port",
+        "object-manager-port",
+        "node-manager-port",
+        "ray-client-server-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    )
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     command = [
         str(bin_dir / "ray"), "start", "--head", "--block",
         "--node-ip-address", "127.0.0.1",
@@ -424,7 +416,7 @@ def test_a_plain_ray_head_runs_the_job_with_shipped_requirements(
 def test_submit_to_nothing_exits_2_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "job.yaml").write_text(SPEC)
-    port = _free_port()  # closed again: nothing listens there
+    port = free_port()  # closed again: nothing listens there
     result = subprocess.run(
         [str(RAYAUG), "submit", "job.yaml", "--address", f"http://127.0.0.1:{port}", "--wait"],
         cwd=tmp_path,
