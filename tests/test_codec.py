@@ -88,9 +88,9 @@ def test_rgb_jpeg_and_png() -> None:
 
 
 def test_a_truncated_jpeg_is_left_to_pillow_on_every_decoder() -> None:
-    """OpenCV and nvJPEG pad a truncated JPEG with gray and return an image; Pillow reports
-    it. Neither fast decoder is given one (an H200 run turned a truncated file into samples
-    before nvJPEG was held to this), so it is quarantined on CPU and GPU alike."""
+    """OpenCV (and, likeliest, nvJPEG: an H200 run's decode-failure test failed before it
+    was held to this) pad a truncated JPEG with gray and return an image; Pillow reports it.
+    Neither fast decoder is given one, so it is quarantined on CPU and GPU alike."""
     photo = next(iter(sampledata.make_photos(1, seed=4, short_side=(120, 160))))
     whole = codec.open_image(photo.jpeg, MAX_PIXELS)
     cut = codec.open_image(photo.jpeg[: len(photo.jpeg) // 2], MAX_PIXELS)
