@@ -222,10 +222,14 @@ class _Run:
         import ray
 
         owns_ray = local_ray.wait() if local_ray is not None else _connect(options)
+        resources = ray.cluster_resources()
         dataset = None
         over_budget = False
+        engine = contextlib.ExitStack()
+        if local_ray is not None:
+            engine.enter_context(lean_data_on_local_node(resources))
         try:
-            dataset = _pipeline(self.spec, self.plan, pending, ray.cluster_resources())
+            dataset = _pipeline(self.spec, self.plan, pending, resources)
             startup = time.monotonic() - started
             # Closed on any exit: a stopped run must not leave writers committing behind the
             # back of the next run (on a cluster Ray outlives this driver).
@@ -252,6 +256,7 @@ class _Run:
             ) from error
         finally:
             _stop_ray_data(dataset)
+            engine.close()
             if local_ray is not None:
                 local_ray.stop()
             elif owns_ray:
@@ -559,6 +564,85 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
     finally:
         for name, method in saved.items():
             setattr(node.Node, name, method)
+
+
+class _Discarded:
+    """A helper actor's method that a one-node Ray has no use for: its calls go nowhere."""
+
+    def remote(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+class _OneNodeLocations:
+    """Ray Data's actor-location tracker on a one-node Ray: every actor is on that node.
+
+    Passed to each pool actor (pickled by reference), which reports its node to it."""
+
+    update_actor_location = _Discarded()
+
+
+class _FixedNode:
+    """Ray Data's cluster autoscaler for a node that does not grow: its budget is the node.
+
+    Ray Data's own asks an autoscaling-coordinator actor to reserve resources for it and
+    relays its requests to the cluster's autoscaler; rayaug's node runs no autoscaler
+    (`lean_head_node`), and the coordinator would reserve the whole node for the one job."""
+
+    def __init__(self, resources: dict[str, float]) -> None:
+        from ray.data._internal.execution.interfaces.execution_options import (
+            ExecutionResources,
+        )
+
+        self._total = ExecutionResources.from_resource_dict(resources)
+
+    def try_trigger_scaling(self) -> None:
+        return None
+
+    def on_executor_shutdown(self) -> None:
+        return None
+
+    def get_total_resources(self):  # noqa: ANN201 - Ray Data's ExecutionResources
+        return self._total
+
+
+@contextlib.contextmanager
+def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
+    """While Ray Data runs a job on the node rayaug started, do without its helper actors.
+
+    For an actor pool Ray Data 2.60 starts three actors of its own, each a worker process that
+    imports Ray Data (about 100 MiB of memory, a second of a core at start-up, on a 2-core
+    machine while the pool's actors import it too) and none of use to a single local node:
+    - the stats actor keeps per-dataset metrics for the dashboard and Prometheus: a local run
+      has no dashboard and collects no metrics (LOCAL_SYSTEM_CONFIG);
+    - the autoscaling coordinator (`_FixedNode`): the node does not grow;
+    - the actor-location tracker (`_OneNodeLocations`): every actor is on the one node, which
+      Ray Data also learns from each actor as it comes up (its `get_location`).
+    The stand-ins are installed on Ray Data's modules for the length of the run only: a
+    process that later joins a cluster gets Ray Data as it is.
+    """
+    from ray.data._internal.execution import streaming_executor
+    from ray.data._internal.execution.operators import actor_pool_map_operator as pool
+    from ray.data._internal.stats import _StatsManager
+
+    def no_metrics(*args: object, **kwargs: object) -> None:
+        return None
+
+    replaced = [
+        (streaming_executor, "create_cluster_autoscaler", lambda *a, **k: _FixedNode(resources)),
+        (pool, "get_or_create_actor_location_tracker", _OneNodeLocations),
+        (pool, "get_actor_locations", lambda logical_ids: {}),
+        (_StatsManager, "register_dataset_to_stats_actor", staticmethod(no_metrics)),
+        (_StatsManager, "update_execution_metrics", staticmethod(no_metrics)),
+        (_StatsManager, "update_iteration_metrics", staticmethod(no_metrics)),
+    ]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
+    for owner, name, stand_in in replaced:
+        setattr(owner, name, stand_in)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
 
 
 def start_local_ray(**init_args: object) -> None:

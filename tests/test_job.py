@@ -201,6 +201,55 @@ def test_a_two_shard_job_runs_one_shard_on_each_of_two_actors(
     assert sorted(map(len, ran.values())) == [1, 1], ran
 
 
+# A driver of its own (the test process holds the shared Ray): runs the job on an embedded Ray
+# and notes, at every commit, the class of every actor that Ray has seen start (a pool that
+# has finished its units is dead by the time the driver reads their rows).
+ACTOR_WATCH = """
+import json, sys
+from ray._private.state import state
+from rayaug import api
+
+class Watch:
+    seen = set()
+
+    def started(self, tally):
+        pass
+
+    def committed(self, tally):
+        self.seen.update(a["ActorClassName"] for a in state.actor_table(None).values())
+
+summary = api.run(sys.argv[1], progress=Watch())
+print(json.dumps({"samples": summary.tally.samples, "actors": sorted(Watch.seen)}))
+"""
+
+
+def test_an_embedded_run_starts_only_its_pool_actors(photo_folder: Path, tmp_path: Path) -> None:
+    """Ray Data's stats, autoscaling-coordinator and actor-location actors serve nothing on a
+    node of rayaug's own (no dashboard, no metrics, no autoscaler, one node) and cost three
+    processes importing Ray Data at start-up and about 300 MiB: a local run has none."""
+    job = tmp_path / "job.yaml"
+    spec = {
+        "input": {"uri": str(photo_folder)},
+        "output": {"uri": str(tmp_path / "out"), "shard_size": 6},
+        "views": 2,
+        "ops": OPS,
+        "execution": {"concurrency": 2},
+    }
+    job.write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", ACTOR_WATCH, str(job)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["samples"] == 48
+    assert report["actors"] == ["MapWorker(MapBatches(_ShardStage))"]
+
+
 def test_same_bytes_whatever_batch_size_and_actor_count(
     ray_cluster: str, photo_folder: Path, tmp_path: Path
 ) -> None:
