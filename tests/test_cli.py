@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner, Result
 from PIL import Image
 
-from rayaug.cli import main
+from rayaug.cli import _exit_code, main
 
 OPS = [
     {"name": "random_resized_crop", "size": 48},
@@ -267,3 +267,12 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
     summary = json.loads(resumed.stdout)
     assert summary["samples"] == 96 and summary["samples_this_run"] < 96
     assert (out / "_SUCCESS").exists()
+
+
+def test_the_console_script_exits_with_what_sys_exit_was_given(capsys) -> None:
+    """`rayaug` leaves through os._exit (no teardown of Ray's modules): the status is still
+    what the command asked for, and a message passed to sys.exit is printed."""
+    assert _exit_code(None) == 0
+    assert _exit_code(2) == 2 and _exit_code(130) == 130
+    assert _exit_code("stopped: no output") == 1
+    assert "stopped: no output" in capsys.readouterr().err
