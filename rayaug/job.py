@@ -534,9 +534,15 @@ def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
-# What a single-node Ray of rayaug's own runs without (Ray's RayConfig, for every process of
-# the node): metrics collection and export (a thread in every worker, the agents' exporters).
-LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+# Ray's RayConfig for a single-node Ray of rayaug's own, for every process of the node:
+# - no metrics collection and export (a thread in every worker, the agents' exporters);
+# - the workers the raylet starts ahead (one per CPU, which the pool's actors then take) import
+#   Ray Data and the stage's module as they start, while the driver still builds its pipeline,
+#   rather than once they are given an actor: first commit 0.25 s earlier (six paired runs).
+LOCAL_SYSTEM_CONFIG = {
+    "enable_metrics_collection": False,
+    "preload_python_modules": ["ray.data", "rayaug.job"],
+}
 
 
 @contextlib.contextmanager
