@@ -38,6 +38,7 @@ from rayaug.storage import Location, check_reachable, open_location
 
 if TYPE_CHECKING:
     import ray.data
+    from ray.data._internal.execution.interfaces.execution_options import ExecutionResources
 
     from rayaug.epochs import Epoch
 
@@ -607,7 +608,7 @@ class _FixedNode:
     def on_executor_shutdown(self) -> None:
         return None
 
-    def get_total_resources(self):  # noqa: ANN201 - Ray Data's ExecutionResources
+    def get_total_resources(self) -> ExecutionResources:
         return self._total
 
 
@@ -624,11 +625,16 @@ def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
     - the actor-location tracker (`_OneNodeLocations`): every actor is on the one node, which
       Ray Data also learns from each actor as it comes up (its `get_location`).
     The stand-ins are installed on Ray Data's modules for the length of the run only: a
-    process that later joins a cluster gets Ray Data as it is.
+    process that later joins a cluster gets Ray Data as it is. A Ray Data whose names differ
+    (another version) is left as it is too: the helper actors then start as before.
     """
-    from ray.data._internal.execution import streaming_executor
-    from ray.data._internal.execution.operators import actor_pool_map_operator as pool
-    from ray.data._internal.stats import _StatsManager
+    try:
+        from ray.data._internal.execution import streaming_executor
+        from ray.data._internal.execution.operators import actor_pool_map_operator as pool
+        from ray.data._internal.stats import _StatsManager
+    except ImportError:
+        yield
+        return
 
     def no_metrics(*args: object, **kwargs: object) -> None:
         return None
@@ -641,7 +647,10 @@ def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
         (_StatsManager, "update_execution_metrics", staticmethod(no_metrics)),
         (_StatsManager, "update_iteration_metrics", staticmethod(no_metrics)),
     ]
-    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
+    if not all(name in vars(owner) for owner, name, _ in replaced):
+        yield
+        return
+    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in replaced]
     for owner, name, stand_in in replaced:
         setattr(owner, name, stand_in)
     try:
