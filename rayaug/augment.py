@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 # Float results depend on torch's intra-op thread count; one thread per actor keeps bytes
 # identical between the job and a replay (actors scale out by count, not by threads).
 TORCH_THREADS = 1
+# Sources whose op streams are seeded in one `Streams` call: the seeding's numpy calls cost
+# the same for one source as for many, so a source at one view paid ~40 % of its Python time
+# for them alone. 64 sources hold no more than a shard's unit already holds in memory.
+SEEDED_TOGETHER = 64
 # The device path (Kornia on float tensors) on the CPU, instead of the uint8 OpenCV kernels:
 # how a machine without a GPU tests, end to end, the code a GPU runs.
 KORNIA_ON_CPU = "cpu-kornia"
@@ -80,6 +85,19 @@ def _torch() -> ModuleType:
 
     torch.set_num_threads(TORCH_THREADS)
     return torch
+
+
+class _Seeds(NamedTuple):
+    """One source's seeds: each view's, and the one its `same_on_views` ops draw from."""
+
+    views: dict[int, int]
+    shared: int
+
+    def all(self) -> list[int]:
+        return [*self.views.values(), self.shared]
+
+    def only(self, view: int) -> _Seeds:
+        return _Seeds({view: self.views[view]}, self.shared)
 
 
 @dataclass
@@ -152,15 +170,34 @@ class Augmenter:
         output = ShardOutput(device=self.device.partition(":")[0], views=views)
         batch_size = self.spec.execution.batch_size
         pending: list[_Item] = []
-        for source in sources:
-            output.sources += 1
-            pending += self._start(source, output)
-            while len(pending) >= batch_size:
-                self._run_chunk(pending[:batch_size], output)
-                del pending[:batch_size]
+        for group, streams in self._seeded_groups(sources, views):
+            for source, seeds in group:
+                output.sources += 1
+                pending += self._start(source, seeds, streams, output)
+                while len(pending) >= batch_size:
+                    self._run_chunk(pending[:batch_size], output)
+                    del pending[:batch_size]
         if pending:
             self._run_chunk(pending, output)
         return output
+
+    def _seeded_groups(
+        self, sources: Iterable[SourceSample], views: Iterable[int]
+    ) -> Iterator[tuple[list[tuple[SourceSample, _Seeds]], Streams]]:
+        """The sources in groups of up to SEEDED_TOGETHER, each source with its seeds, each
+        group with the op streams of all its sources' seeds, seeded in one call."""
+        remaining = iter(sources)
+        while group := list(itertools.islice(remaining, SEEDED_TOGETHER)):
+            seeded = [(source, self._seeds(source, views)) for source in group]
+            every_seed = [seed for _, seeds in seeded for seed in seeds.all()]
+            yield seeded, Streams(every_seed, len(self.pipeline))
+
+    def _seeds(self, source: SourceSample, views: Iterable[int]) -> _Seeds:
+        key, job_seed = source.key, self.spec.seed
+        return _Seeds(
+            {view: sample_seed(job_seed, key, view) for view in views},
+            sample_seed(job_seed, key, SHARED_VIEW),
+        )
 
     def replay(self, source: SourceSample, view: int, seed: int, applied: list[Applied]) -> bytes:
         """The encoded bytes of one sample from its recorded plan (seed only for the record)."""
@@ -184,9 +221,11 @@ class Augmenter:
             if encoded is not None:
                 output.samples.append(encoded)
 
-    def _start(self, source: SourceSample, output: ShardOutput) -> list[_Item]:
+    def _start(
+        self, source: SourceSample, seeds: _Seeds, streams: Streams, output: ShardOutput
+    ) -> list[_Item]:
         """The unit's views of one source, decoded (sharing what the views share) and with its
-        partners; what fails is quarantined per view."""
+        partners; what fails is quarantined per view. `streams`: seeded for `seeds`."""
         views = output.views
         if source.error is not None:
             output.quarantined += [
@@ -194,25 +233,27 @@ class Augmenter:
             ]
             return []
         try:
-            items = self._views(source, views)
+            items = self._views(source, seeds, streams)
         except Exception:  # noqa: BLE001 - each view alone words its own failure, as replay would
             items = []
             for view in views:
                 alone = _attempt(
-                    output, source.key, view, "decode", lambda v=view: self._views(source, [v])
+                    output,
+                    source.key,
+                    view,
+                    "decode",
+                    lambda v=view: self._views(source, seeds.only(v), streams),
                 )
                 items += alone or []
         return [item for item in items if self._with_partners(item, output)]
 
-    def _views(self, source: SourceSample, views: Iterable[int]) -> list[_Item]:
-        """The source opened once, each view's ops drawn from its own seed, then decoded."""
+    def _views(self, source: SourceSample, seeds: _Seeds, streams: Streams) -> list[_Item]:
+        """The source opened once, each view's ops drawn from its own seed (the streams seeded
+        beforehand in `streams`), then decoded."""
         opened = codec.open_image(source.data or b"", self.spec.errors.max_pixels)
-        shared = sample_seed(self.spec.seed, source.key, SHARED_VIEW)
-        seeds = {view: sample_seed(self.spec.seed, source.key, view) for view in views}
-        streams = Streams([*seeds.values(), shared], len(self.pipeline))
         plans = [
-            (view, seed, draw_ops(self.pipeline, seed, opened.canvas, shared, streams))
-            for view, seed in seeds.items()
+            (view, seed, draw_ops(self.pipeline, seed, opened.canvas, seeds.shared, streams))
+            for view, seed in seeds.views.items()
         ]
         return self._load(source, opened, plans)
 

@@ -1,5 +1,5 @@
 """Each op's random stream for one sample: exactly `numpy.random.default_rng([seed, position])`,
-seeded for all of a source's views and ops at once.
+seeded for the views and ops of many sources at once.
 
 A plan seeds one stream per op of every sample (seven for `jobs/imagenet.yaml`, 56 a source at
 eight views), and numpy's seeding (a SeedSequence hashing the entropy, then PCG64 seeded from
@@ -37,24 +37,24 @@ class Streams:
     `np.random.default_rng([seed, position])`, valid until the thread's next stream."""
 
     def __init__(self, seeds: Iterable[int], positions: int) -> None:
-        # Rows of entropy words grouped by length: one array (and one hash) per length.
-        by_width: dict[int, tuple[list[tuple[int, int]], list[list[int]]]] = defaultdict(
-            lambda: ([], [])
-        )
-        position_words = [_words(position) for position in range(positions)]
+        self._positions = positions
+        # The streams of a seed are consecutive, position 0 first, at self._first[seed].
+        self._first: dict[int, int] = {}
+        self._states: list[tuple[int, int]] = []
+        # Seeds grouped by their count of words: one entropy array (and one hash) per count.
+        by_width: dict[int, list[int]] = defaultdict(list)
         for seed in dict.fromkeys(seeds):
-            seed_words = _words(seed)
-            for position, words in enumerate(position_words):
-                keys, rows = by_width[len(seed_words) + len(words)]
-                keys.append((seed, position))
-                rows.append(seed_words + words)
-        self._states: dict[tuple[int, int], tuple[int, int]] = {}
-        for keys, rows in by_width.values():
-            entropy = np.array(rows, dtype=np.uint32)
-            self._states |= zip(keys, _pcg64_seeded(entropy), strict=True)
+            by_width[len(_words(seed))].append(seed)
+        for group in by_width.values():
+            self._first |= {
+                seed: len(self._states) + index * positions for index, seed in enumerate(group)
+            }
+            self._states += _pcg64_seeded(_entropy(group, positions))
 
     def __call__(self, seed: int, position: int) -> np.random.Generator:
-        state, increment = self._states[(seed, position)]
+        if not 0 <= position < self._positions:
+            raise KeyError((seed, position))
+        state, increment = self._states[self._first[seed] + position]
         generator = getattr(_local, "generator", None)
         if generator is None:
             generator = _local.generator = np.random.Generator(np.random.PCG64(0))
@@ -65,6 +65,18 @@ class Streams:
             "uinteger": 0,
         }
         return generator
+
+
+def _entropy(seeds: list[int], positions: int) -> np.ndarray:
+    """The entropy words of [seed, position] for each seed (all of one width), then each
+    position: (seeds x positions, width + 1) uint32. A position is one word (0 is [0])."""
+    if positions > _WORD + 1:
+        raise ValueError(f"{positions} positions: a position must fit one 32-bit word")
+    seed_words = np.array([_words(seed) for seed in seeds], dtype=np.uint32)
+    entropy = np.empty((len(seeds), positions, seed_words.shape[1] + 1), dtype=np.uint32)
+    entropy[:, :, :-1] = seed_words[:, None, :]
+    entropy[:, :, -1] = np.arange(positions, dtype=np.uint32)
+    return entropy.reshape(len(seeds) * positions, -1)
 
 
 def _words(value: int) -> list[int]:

@@ -168,6 +168,21 @@ def test_same_bytes_whatever_the_order_of_the_sources(
     assert _hashes(output) == _hashes(reference)
 
 
+def test_same_bytes_whatever_the_sources_seeded_together(
+    reference: ShardOutput, photos, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams are seeded for groups of SEEDED_TOGETHER sources: a group's edge changes
+    nothing, nor does a read error inside a group."""
+    monkeypatch.setattr(augment, "SEEDED_TOGETHER", 3)
+    sources = _sources(photos)
+    sources.insert(4, SourceSample("unread", "mem://unread", None, error="gone"))
+    output = Augmenter(_spec(), device).augment(sources)
+    assert [(q.source_key, q.stage) for q in output.quarantined] == [("unread", "read")] * 2
+    assert output.sources == len(sources)
+    assert _hashes(output) == _hashes(reference)
+    assert [s.ops for s in output.samples] == [s.ops for s in reference.samples]
+
+
 def test_every_sample_replays_to_identical_bytes(
     reference: ShardOutput, photos, device: str
 ) -> None:

@@ -27,6 +27,26 @@ def test_every_stream_is_numpys_default_rng_of_seed_and_position() -> None:
         assert streams(seed, position).bit_generator.state == expected, (seed, position)
 
 
+def test_the_streams_of_many_sources_seeded_at_once_are_numpys() -> None:
+    """What the augment stage seeds for a group of sources: every view's seed and the shared
+    one, at every position, in one call (seeds of one and of two words mixed)."""
+    views = [[sample_seed(3, f"s{i}", view) for view in [-1, *range(8)]] for i in range(64)]
+    seeds = [seed for source in views for seed in source] + [5, 2**32 + 5]
+    streams = Streams(seeds, 7)
+    for seed in seeds[::5] + [5, 2**32 + 5]:
+        for position in range(7):
+            expected = np.random.default_rng([seed, position]).random(3)
+            np.testing.assert_array_equal(streams(seed, position).random(3), expected)
+
+
+def test_a_position_beyond_the_seeded_ones_is_no_other_seeds_stream() -> None:
+    streams = Streams([1, 2], 3)
+    with pytest.raises(KeyError):
+        streams(1, 3)
+    with pytest.raises(KeyError):
+        streams(3, 0)
+
+
 @pytest.mark.parametrize("draw", ["random", "uniform", "integers", "permutation", "normal"])
 def test_the_draws_are_numpys(draw: str) -> None:
     calls = {
