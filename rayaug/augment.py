@@ -21,6 +21,7 @@ import numpy as np
 
 from rayaug import codec, cpu_kernels, mixes, targets
 from rayaug.ops import (
+    NO_WARP,
     Applied,
     Canvas,
     GeometricOp,
@@ -114,7 +115,7 @@ class _Item:
     source_size: Canvas
     image: Image
     canvas: Canvas  # the logical size once `pending` is warped
-    pending: np.ndarray = field(default_factory=lambda: np.eye(3))
+    pending: np.ndarray = field(default_factory=lambda: NO_WARP)
     targets: Targets | None = None  # as read, in source pixels
     # Each mix step's partners (by index in `applied`), fetched before the pixels run
     partners: dict[int, list[tuple[SourceSample, mixes.Layer]]] = field(default_factory=dict)
@@ -306,7 +307,7 @@ class Augmenter:
         image = codec.decode_on_device(opened, reduction, self.device)
         if image is None:
             image = _upload(codec.decode(opened, reduction), self.device)
-        return image, _rescale(_size(image), opened.canvas) if reduction > 1 else np.eye(3)
+        return image, _rescale(_size(image), opened.canvas) if reduction > 1 else NO_WARP
 
     def _run_alone(self, item: _Item, output: ShardOutput) -> bool:
         item.reset()
@@ -373,7 +374,7 @@ class Augmenter:
         partners = item.partners[at]
         records = [{"key": sample.key, "uri": sample.uri} for sample, _ in partners]
         item.applied[at] = dataclasses.replace(step, params=step.params | {"partners": records})
-        sample = mixes.Layer(item.image, np.eye(3), item.canvas, item.targets_now(at), item.labels)
+        sample = mixes.Layer(item.image, NO_WARP, item.canvas, item.targets_now(at), item.labels)
         layers = _same_form([sample, *(layer for _, layer in partners)], tiles)
         mixed = mixes.mix(step.op, step.params, item.canvas, layers)
         item.image, item.targets, item.labels = mixed.image, mixed.targets, mixed.labels
@@ -488,13 +489,13 @@ def _warp(items: list[_Item]) -> None:
     of equal shapes in one Kornia call."""
     groups: dict[tuple, list[_Item]] = defaultdict(list)
     for item in items:
-        identity = np.array_equal(item.pending, np.eye(3))
+        identity = item.pending is NO_WARP or np.array_equal(item.pending, NO_WARP)
         if identity and _size(item.image) == item.canvas:
             continue
         if isinstance(item.image, np.ndarray):
             if cpu_kernels.can_warp(_size(item.image), item.canvas):
                 item.image = cpu_kernels.warp(item.image, item.pending, item.canvas)
-                item.pending = np.eye(3)
+                item.pending = NO_WARP
                 continue
             item.image = _as_tensor(item.image)
         groups[(tuple(item.image.shape), item.canvas)].append(item)
@@ -506,7 +507,7 @@ def _warp(items: list[_Item]) -> None:
         images = _torch().stack([item.image for item in group])
         warped = warp(images, np.stack([item.pending for item in group]), canvas)
         for item, image in zip(group, warped, strict=True):
-            item.image, item.pending = image, np.eye(3)
+            item.image, item.pending = image, NO_WARP
 
 
 def _attempt(output: ShardOutput, key: str, view: int, stage: str, work: Callable):

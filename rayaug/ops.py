@@ -27,6 +27,12 @@ Params = dict[str, Any]
 Range = tuple[float, float]
 Region = tuple[float, float, float, float]  # (x0, y0, x1, y1) of the canvas, pixel centres
 
+# The homography of no warp at all, shared rather than a new np.eye(3) for every sample (a
+# sample's pending warp, a fusion's start, a mix layer already on its canvas). Read-only:
+# every use makes new matrices from it (`@`), never writes into it.
+NO_WARP = np.eye(3)
+NO_WARP.flags.writeable = False
+
 
 def _as_range(value: object, around: float = 0.0) -> object:
     """A scalar x means the symmetric range [around - x, around + x]."""
@@ -88,11 +94,19 @@ class Op(BaseModel):
 
 class GeometricOp(Op):
     kind: ClassVar = "geometric"
+    # The canvas is the same size after the op (a flip, a rotation): planning a sample's ops
+    # then needs no matrix of it (Perspective's solves a linear system).
+    keeps_canvas: ClassVar[bool] = False
 
     @staticmethod
     def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
         """The source→destination pixel homography and the canvas size after the op."""
         raise NotImplementedError
+
+    @classmethod
+    def canvas_after(cls, params: Params, canvas: Canvas) -> Canvas:
+        """The canvas size after the op: `matrix(params, canvas)[1]`, without the matrix."""
+        return canvas if cls.keeps_canvas else cls.matrix(params, canvas)[1]
 
 
 class PhotometricOp(Op):
@@ -192,6 +206,10 @@ class Resize(GeometricOp):
         size = tuple(params["size"])
         return _crop_resize([0, 0, canvas[1], canvas[0]], size), size
 
+    @classmethod
+    def canvas_after(cls, params: Params, canvas: Canvas) -> Canvas:
+        return tuple(params["size"])
+
 
 class _Crop(GeometricOp):
     size: tuple[int, int]
@@ -202,6 +220,11 @@ class _Crop(GeometricOp):
     def matrix(params: Params, canvas: Canvas) -> tuple[np.ndarray, Canvas]:
         x0, y0, w, h = params["box"]
         return _scale_translate(1, 1, -x0, -y0), (h, w)
+
+    @classmethod
+    def canvas_after(cls, params: Params, canvas: Canvas) -> Canvas:
+        _, _, w, h = params["box"]
+        return (h, w)
 
 
 class CenterCrop(_Crop):
@@ -269,8 +292,13 @@ class RandomResizedCrop(GeometricOp):
         size = tuple(params["size"])
         return _crop_resize(params["box"], size), size
 
+    @classmethod
+    def canvas_after(cls, params: Params, canvas: Canvas) -> Canvas:
+        return tuple(params["size"])
+
 
 class HorizontalFlip(GeometricOp):
+    keeps_canvas: ClassVar = True
     name: Literal["horizontal_flip"] = "horizontal_flip"
     p: float = Field(0.5, ge=0, le=1)
 
@@ -280,6 +308,7 @@ class HorizontalFlip(GeometricOp):
 
 
 class VerticalFlip(GeometricOp):
+    keeps_canvas: ClassVar = True
     name: Literal["vertical_flip"] = "vertical_flip"
     p: float = Field(0.5, ge=0, le=1)
 
@@ -292,6 +321,7 @@ class Rotation(GeometricOp):
     """Rotate about the centre by an angle in `degrees` (x means [-x, x]); corners go black."""
 
     name: Literal["rotation"] = "rotation"
+    keeps_canvas: ClassVar = True
     degrees: tuple[float, float]
     _range = field_validator("degrees", mode="before")(lambda cls, v: _as_range(_non_neg(v)))
     _order = field_validator("degrees")(lambda cls, v: _ordered(v))
@@ -308,6 +338,7 @@ class Affine(GeometricOp):
     """Rotation, translation (fraction of the size), scale and shear (degrees) about the centre."""
 
     name: Literal["affine"] = "affine"
+    keeps_canvas: ClassVar = True
     degrees: tuple[float, float] = (0.0, 0.0)
     translate: tuple[float, float] = (0.0, 0.0)
     scale: tuple[float, float] = (1.0, 1.0)
@@ -351,6 +382,7 @@ class Perspective(GeometricOp):
     """Move each corner inward by up to `distortion_scale` of half the size (torchvision's)."""
 
     name: Literal["perspective"] = "perspective"
+    keeps_canvas: ClassVar = True
     distortion_scale: float = Field(0.5, ge=0, le=1)
 
     def draw(self, rng: np.random.Generator, canvas: Canvas) -> Params:
@@ -789,7 +821,7 @@ class Applied:
 def advance(name: str, params: Params, canvas: Canvas) -> Canvas:
     """The canvas size after one catalogue op."""
     op = CATALOGUE[name]
-    return op.matrix(params, canvas)[1] if issubclass(op, GeometricOp) else canvas
+    return op.canvas_after(params, canvas) if issubclass(op, GeometricOp) else canvas
 
 
 def draw_ops(
@@ -838,7 +870,7 @@ def leading_warp(applied: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray
 
 def _fused(geometric: Sequence[Applied], canvas: Canvas) -> tuple[np.ndarray, Canvas]:
     """One homography for geometric steps in a row, and the canvas the last one draws."""
-    matrix = np.eye(3)
+    matrix = NO_WARP
     for step in geometric:
         step_matrix, canvas = step.op.matrix(step.params, canvas)
         matrix = step_matrix @ matrix
@@ -856,7 +888,7 @@ def decode_request(applied: Sequence[Applied], canvas: Canvas) -> tuple[int, Reg
 
 
 def _box_sampled(matrix: np.ndarray, drawn: Canvas, canvas: Canvas) -> Region | None:
-    if drawn == canvas and np.array_equal(matrix, np.eye(3)):
+    if drawn == canvas and (matrix is NO_WARP or np.array_equal(matrix, NO_WARP)):
         return None
     height, width = drawn
     inverse = _inverse(matrix.tolist())

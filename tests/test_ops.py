@@ -11,6 +11,7 @@ import pytest
 
 from rayaug.ops import (
     CATALOGUE,
+    NO_WARP,
     Applied,
     CenterCrop,
     ColorJitter,
@@ -195,6 +196,28 @@ def test_records_replay_to_the_same_plan() -> None:
 
 
 # ---------------------------------------------------------------- geometry
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, cls in CATALOGUE.items() if issubclass(cls, GeometricOp))
+)
+@pytest.mark.parametrize("canvas", [CANVAS, (7, 300), (480, 64)])
+def test_the_canvas_after_an_op_is_its_matrixs_without_the_matrix(name: str, canvas) -> None:
+    op = _op(name)
+    for seed in SEEDS:
+        params = op.draw(_rng(seed), canvas)
+        _, after = op.matrix(params, canvas)
+        assert op.canvas_after(params, canvas) == after
+        if op.keeps_canvas:
+            assert after == canvas
+
+
+def test_no_warp_is_the_identity_and_read_only() -> None:
+    np.testing.assert_array_equal(NO_WARP, np.eye(3))
+    with pytest.raises(ValueError):
+        NO_WARP[0, 0] = 2.0
+    matrix, canvas = leading_warp([], CANVAS)
+    assert matrix is NO_WARP and canvas == CANVAS
 
 
 def test_horizontal_flip_maps_the_left_column_to_the_right() -> None:
