@@ -451,6 +451,19 @@ def test_color_jitter_order_is_a_permutation_of_the_enabled_steps(enabled: tuple
     assert len(orders) >= min(math.factorial(len(enabled)), 6)  # drawn per sample
 
 
+def test_color_jitter_draws_what_a_permutation_of_its_step_names_drew() -> None:
+    """The order comes from a permutation of indices: the same order, and the same numbers
+    drawn after it, as numpy's permutation of the four names."""
+    op = ColorJitter(brightness=0.4, contrast=0.3, saturation=0.2, hue=0.1)
+    names = ["brightness", "contrast", "saturation", "hue"]
+    for seed in range(2000):
+        names_rng = _rng(seed)
+        expected = [str(name) for name in names_rng.permutation(names)]
+        params = op.draw(_rng(seed), CANVAS)
+        assert params["order"] == expected
+        assert params["brightness"] == float(names_rng.uniform(0.6, 1.4))
+
+
 def test_params_on_a_tiny_canvas_are_plain_json() -> None:
     for name, seed in itertools.product(sorted(CATALOGUE), range(3)):
         params = _op(name).draw(_rng(seed), (7, 9))  # a tiny canvas too
