@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -172,7 +172,8 @@ class Augmenter:
         batch_size = self.spec.execution.batch_size
         pending: list[_Item] = []
         for group, streams in self._seeded_groups(sources, views):
-            for source, seeds in group:
+            while group:  # taken out of the group: a source's bytes go once its views start
+                source, seeds = group.popleft()
                 output.sources += 1
                 pending += self._start(source, seeds, streams, output)
                 while len(pending) >= batch_size:
@@ -184,12 +185,14 @@ class Augmenter:
 
     def _seeded_groups(
         self, sources: Iterable[SourceSample], views: Iterable[int]
-    ) -> Iterator[tuple[list[tuple[SourceSample, _Seeds]], Streams]]:
+    ) -> Iterator[tuple[deque[tuple[SourceSample, _Seeds]], Streams]]:
         """The sources in groups of up to SEEDED_TOGETHER, each source with its seeds, each
         group with the op streams of all its sources' seeds, seeded in one call."""
         remaining = iter(sources)
-        while group := list(itertools.islice(remaining, SEEDED_TOGETHER)):
-            seeded = [(source, self._seeds(source, views)) for source in group]
+        while seeded := deque(
+            (source, self._seeds(source, views))
+            for source in itertools.islice(remaining, SEEDED_TOGETHER)
+        ):
             every_seed = [seed for _, seeds in seeded for seed in seeds.all()]
             yield seeded, Streams(every_seed, len(self.pipeline))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from rayaug import sampledata
 from rayaug.errors import UsageError
 from rayaug.records import SourceSample
 from rayaug.sampledata import SamplePhoto
-from rayaug.sources import SourceIndex, list_input, read_one, read_unit
+from rayaug.sources import ReadAhead, SourceIndex, list_input, read_one, read_unit, stream_unit
 from rayaug.spec import InputSpec, StorageSpec
 from rayaug.storage import Location, open_location
 
@@ -506,3 +507,73 @@ def test_folder_units_mix_classes_by_the_seed(photos: list[SamplePhoto], tmp_pat
     assert units != list_input(location, spec, shard_size=4, seed=4).units
     for unit in units:
         assert len({path.split("/", 1)[0] for path in unit.files}) > 1, unit.files
+
+
+def _counted(sizes: list[int], produced: list[int], fail_at: int | None = None):
+    """Samples of the given byte sizes; `produced` counts those read so far."""
+    for number, size in enumerate(sizes):
+        if number == fail_at:
+            raise OSError(f"storage gone at sample {number}")
+        produced.append(number)
+        yield SourceSample(f"s{number}", f"file:///s{number}", b"x" * size, None)
+
+
+def _settled(produced: list[int], count: int) -> None:
+    """Wait (up to 5 s) until the reader thread has read `count` samples, and a little more
+    for any it should not read."""
+    deadline = time.monotonic() + 5
+    while len(produced) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
+def test_read_ahead_gives_every_sample_in_order_and_reads_only_its_budget_ahead() -> None:
+    produced: list[int] = []
+    read = ReadAhead(_counted([100] * 10, produced), budget=300)
+    _settled(produced, 4)
+    assert produced == [0, 1, 2, 3]  # nothing taken: three fill 300 bytes, the fourth waits
+    taken = iter(read)
+    assert next(taken).key == "s0"
+    _settled(produced, 5)
+    assert len(produced) == 5  # one taken, one more read: the buffer is full again
+    assert [sample.key for sample in taken] == [f"s{n}" for n in range(1, 10)]
+
+
+def test_read_ahead_reads_a_sample_larger_than_its_budget_alone() -> None:
+    produced: list[int] = []
+    read = ReadAhead(_counted([500, 500, 10], produced), budget=300)
+    _settled(produced, 2)
+    assert produced == [0, 1]  # the first buffered alone, the second waits for room
+    assert [sample.data and len(sample.data) for sample in read] == [500, 500, 10]
+
+
+def test_a_read_error_reaches_the_consumer_after_the_samples_before_it() -> None:
+    read = ReadAhead(_counted([10] * 5, [], fail_at=3), budget=1000)
+    taken = []
+    with pytest.raises(OSError, match="storage gone at sample 3"):
+        for sample in read:
+            taken.append(sample.key)
+    assert taken == ["s0", "s1", "s2"]
+
+
+def test_closing_a_read_ahead_stops_its_reads() -> None:
+    produced: list[int] = []
+    with ReadAhead(_counted([100] * 50, produced), budget=200) as read:
+        assert next(iter(read)).key == "s0"
+    _settled(produced, 4)
+    assert len(produced) <= 5  # the budget's worth after the one taken, one in hand, no more
+
+
+def test_a_folder_unit_streams_each_file_when_it_is_asked_for(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    sampledata.write_folder(photos[:3], tmp_path)
+    location = open_location(str(tmp_path), StorageSpec(retries=1))
+    spec = InputSpec(uri=str(tmp_path), format="folder")
+    (unit,) = list_input(location, spec, shard_size=10).units
+    samples = stream_unit(location, spec, "folder", unit)
+    first = next(samples)
+    (tmp_path / unit.files[2]).write_bytes(b"rewritten after the first was read")
+    rest = list(samples)
+    assert first.data == (tmp_path / unit.files[0]).read_bytes()
+    assert rest[-1].data == b"rewritten after the first was read"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -133,8 +133,11 @@ class InputFormat:
         already (an output that grows): the added files planned on their own."""
         return self.plan(location, spec, added, shard_size, seed).units
 
-    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
-        """Every source sample of one unit, in a stable order."""
+    def read_unit(
+        self, location: Location, spec: InputSpec, unit: WorkUnit
+    ) -> Iterator[SourceSample]:
+        """Every source sample of one unit, in a stable order, read as it is asked for (as far
+        as the format allows: a tar is one read)."""
         raise NotImplementedError
 
     def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from rayaug import clouds
@@ -52,10 +52,12 @@ class FolderInput(InputFormat):
         units = [WorkUnit(shard_name(i), chunk, None, len(chunk)) for i, chunk in enumerate(chunks)]
         return Listing(self.name, units, files, len(files) - len(images))
 
-    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
-        samples = [_read_file(location, path) for path in unit.files]
+    def read_unit(
+        self, location: Location, spec: InputSpec, unit: WorkUnit
+    ) -> Iterator[SourceSample]:
+        samples = (_read_file(location, path) for path in unit.files)
         if spec.annotations or spec.masks:
-            samples = _with_folder_targets(location, spec, samples)
+            return _with_folder_targets(location, spec, samples)
         return samples
 
     def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:
@@ -63,7 +65,7 @@ class FolderInput(InputFormat):
 
     def positions(self, location: Location, spec: InputSpec) -> PositionReader:
         def read(unit: WorkUnit, offset: int) -> SourceSample:
-            return self.read_unit(location, spec, WorkUnit(unit.shard, (unit.files[offset],)))[0]
+            return next(self.read_unit(location, spec, WorkUnit(unit.shard, (unit.files[offset],))))
 
         return read
 
@@ -84,8 +86,8 @@ def _read_file(location: Location, path: str) -> SourceSample:
 
 
 def _with_folder_targets(
-    location: Location, spec: InputSpec, samples: list[SourceSample]
-) -> list[SourceSample]:
+    location: Location, spec: InputSpec, samples: Iterable[SourceSample]
+) -> Iterator[SourceSample]:
     coco = _coco_index(*_annotation_file(location, spec)) if spec.annotations else {}
     masks = _mask_location(location, spec)
 
@@ -98,7 +100,7 @@ def _with_folder_targets(
             mask = masks.read_bytes(name)
         return Targets.parse(coco.get(sample.key, {}), "xywh", mask)  # COCO boxes are xywh
 
-    return [with_targets(s, lambda s=s: targets_of(s)) for s in samples]
+    return (with_targets(s, lambda s=s: targets_of(s)) for s in samples)
 
 
 def _mask_name(key: str) -> str:

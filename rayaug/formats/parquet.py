@@ -73,8 +73,10 @@ class ParquetInput(InputFormat):
         units = self.plan(location, spec, recorded + added, shard_size, seed).units
         return [unit for unit in units if unit.files[0] in paths]
 
-    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
-        return list(_read_parquet(location, spec, unit))
+    def read_unit(
+        self, location: Location, spec: InputSpec, unit: WorkUnit
+    ) -> Iterator[SourceSample]:
+        return _read_parquet(location, spec, unit)
 
     def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:
         rows = _parquet_metadata(location, path).num_rows

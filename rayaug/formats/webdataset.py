@@ -54,8 +54,10 @@ class WebDatasetInput(InputFormat):
         units = [WorkUnit(shard_name(i), (path,)) for i, (path, _) in enumerate(chosen)]
         return Listing(self.name, units, chosen, len(files) - len(chosen))
 
-    def read_unit(self, location: Location, spec: InputSpec, unit: WorkUnit) -> list[SourceSample]:
-        return list(_read_tar(location, unit.files[0]))
+    def read_unit(
+        self, location: Location, spec: InputSpec, unit: WorkUnit
+    ) -> Iterator[SourceSample]:
+        return _read_tar(location, unit.files[0])
 
     def read_source(self, location: Location, spec: InputSpec, path: str) -> Iterable[SourceSample]:
         return _read_tar(location, path)
