@@ -261,7 +261,7 @@ def test_the_reader_of_a_webdataset_shard_reads_what_tarfile_reads(
     data = fmt.encode(samples, SHARD, output)
     expected = {s.sample_id: s.image for s in samples}
     assert fmt.decode(data, output, masks=False) == expected
-    spans = fmt.spans(data)
+    spans = fmt.spans(data, samples)
     assert fmt.split(data[spans[1] : spans[5]], spans[1:6], output) == [
         s.image for s in samples[1:5]
     ]

@@ -245,9 +245,9 @@ class ShardFile(OutputFormat):
         """sample_id → image (or mask) of an object's bytes, or of some of its samples' spans."""
         raise NotImplementedError
 
-    def spans(self, data: bytes) -> list[int] | None:
-        """Where each sample of an encoded object starts (and the last ends); None when the
-        format's samples cannot be read apart."""
+    def spans(self, data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
+        """Where each sample of an encoded object (`data`, of `samples`, in order) starts (and
+        the last ends); None when the format's samples cannot be read apart."""
         return None
 
     def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
@@ -268,7 +268,7 @@ class ShardFile(OutputFormat):
             path = self.data_path(shard, view)
             data = self.encode(group, shard, output)
             out.write_bytes(path, data)
-            objects.append(DataObject(path, view, len(group), self.spans(data)))
+            objects.append(DataObject(path, view, len(group), self.spans(data, group)))
         return objects_record(objects)
 
     def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:

@@ -109,11 +109,12 @@ class ParquetOutput(ShardFile):
         )
         return buffer.getvalue()
 
-    def spans(self, data: bytes) -> list[int] | None:
-        """Where each image's 4-byte length starts, and where the last image ends: found by
-        the bytes themselves, so a page boundary, or a writer that laid them out otherwise,
-        gives None (the object is then read whole), never a wrong span."""
-        images = pq.read_table(io.BytesIO(data), columns=["image"]).column("image").to_pylist()
+    def spans(self, data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
+        """Where each image's 4-byte length starts, and where the last image ends: each of
+        `samples`' images found in the bytes themselves, in order, so a page boundary, or a
+        writer that laid them out otherwise, gives None (the object is then read whole),
+        never a wrong span. The images are those just written, not read back from `data`."""
+        images = [sample.image for sample in samples]
         if not images or any(image is None for image in images):
             return None
         first = struct.pack("<I", len(images[0])) + images[0]

@@ -84,7 +84,7 @@ class WebDatasetOutput(ShardFile):
             raise ValueError(f"{len(images)} samples in a span of {len(spans) - 1}")
         return images
 
-    def spans(self, data: bytes) -> list[int]:
+    def spans(self, data: bytes, samples: list[AugmentedSample]) -> list[int]:
         """A sample's members lie together: it spans from its first header to its last
         member's padded end (a span read alone is a small tar of that sample)."""
         starts: dict[str, int] = {}
