@@ -4,10 +4,12 @@ exact replay, per-sample quarantine, mixed inputs, views and manifests' recorded
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import json
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -181,6 +183,32 @@ def test_same_bytes_whatever_the_sources_seeded_together(
     assert output.sources == len(sources)
     assert _hashes(output) == _hashes(reference)
     assert [s.ops for s in output.samples] == [s.ops for s in reference.samples]
+
+
+def test_sources_are_let_go_once_their_views_have_started(
+    photos, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit's sources stream in (read ahead by bytes): the augmenter keeps no more of them
+    than one seeding group, whatever the unit's length."""
+    monkeypatch.setattr(augment, "SEEDED_TOGETHER", 4)
+    alive: weakref.WeakSet[SourceSample] = weakref.WeakSet()
+    most = 0
+
+    def streamed():
+        nonlocal most
+        for number in range(24):
+            gc.collect()
+            most = max(most, len(alive))
+            source = _sources(photos)[number % len(photos)]
+            source = SourceSample(f"{number}-{source.key}", source.uri, source.data, source.label)
+            alive.add(source)
+            yield source
+
+    output = Augmenter(_spec(views=1), device).augment(streamed())
+    assert len(output.samples) + len(output.quarantined) == 24
+    # One group's worth: the last source started and the next group's drawn so far (holding
+    # each group until its end, as the augmenter did, kept 7 alive here).
+    assert most <= 4
 
 
 def test_every_sample_replays_to_identical_bytes(
