@@ -25,6 +25,7 @@ from rayaug.job import (
     CALLS_PER_ACTOR,
     RunOptions,
     calls_per_actor,
+    few_malloc_arenas,
     noted_interrupts,
     pool_shape,
     run_job,
@@ -405,3 +406,18 @@ def test_replay_from_manifest(ray_cluster: str, photo_folder: Path, tmp_path: Pa
         assert result.matches
         image = outputs.read_images(output.location, spec, result.row["shard"])[sample]
         assert io.BytesIO(image).getvalue() == result.image
+
+
+def test_the_local_node_starts_with_few_malloc_arenas_and_the_callers_env_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node's processes inherit MALLOC_ARENA_MAX=2 while it starts; the caller's own
+    environment is as it was afterwards, and a value the user set is theirs."""
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    with few_malloc_arenas():
+        assert os.environ["MALLOC_ARENA_MAX"] == "2"
+    assert "MALLOC_ARENA_MAX" not in os.environ
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    with few_malloc_arenas():
+        assert os.environ["MALLOC_ARENA_MAX"] == "8"
+    assert os.environ["MALLOC_ARENA_MAX"] == "8"
