@@ -32,7 +32,9 @@ from rayaug.ops import (
     composed_warp,
     decode_request,
     draw_ops,
+    is_no_warp,
     reduction_for,
+    scale_translate,
 )
 from rayaug.partners import NoPartner, Partners
 from rayaug.records import (
@@ -441,13 +443,12 @@ class Augmenter:
 def _rescale(reduced: tuple[int, int], canvas: Canvas) -> np.ndarray:
     """Pixel centres of a reduced decode → the full-size canvas they stand for."""
     sx, sy = canvas[1] / reduced[1], canvas[0] / reduced[0]
-    return np.array([sx, 0, 0.5 * sx - 0.5, 0, sy, 0.5 * sy - 0.5, 0, 0, 1.0]).reshape(3, 3)
+    return scale_translate(sx, sy, 0.5 * sx - 0.5, 0.5 * sy - 0.5)
 
 
 def _translation(origin: tuple[int, int]) -> np.ndarray:
     """A window's pixels → the whole decode's, the window's corner at `origin` (x, y)."""
-    x, y = origin
-    return np.array([1.0, 0, x, 0, 1, y, 0, 0, 1]).reshape(3, 3)
+    return scale_translate(1, 1, *origin)
 
 
 def _size(image: Image) -> Canvas:
@@ -492,9 +493,7 @@ def _warp(items: list[_Item]) -> None:
     of equal shapes in one Kornia call."""
     groups: dict[tuple, list[_Item]] = defaultdict(list)
     for item in items:
-        if _size(item.image) == item.canvas and (
-            item.pending is NO_WARP or np.array_equal(item.pending, NO_WARP)
-        ):
+        if _size(item.image) == item.canvas and is_no_warp(item.pending):
             continue  # nothing to warp
         if isinstance(item.image, np.ndarray):
             if cpu_kernels.can_warp(_size(item.image), item.canvas):

@@ -130,10 +130,10 @@ class ReadAhead:
         self._closed = False
         self._room = threading.Condition()
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
-        self._reader = threading.Thread(
+        reader = threading.Thread(
             target=self._read, args=(samples,), name="rayaug-read-ahead", daemon=True
         )
-        self._reader.start()
+        reader.start()
 
     def __iter__(self) -> Iterator[SourceSample]:
         while (item := self._ready.get()) is not self._END:
