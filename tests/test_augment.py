@@ -211,6 +211,28 @@ def test_sources_are_let_go_once_their_views_have_started(
     assert most <= 4
 
 
+def test_a_seeding_group_holds_few_large_sources_and_the_same_bytes(
+    photos, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phone photos are megabytes each: a group stops at SEEDED_BYTES of source bytes as well
+    as at SEEDED_TOGETHER sources, and how sources are grouped changes no output byte."""
+    sources = _sources(photos)[:12]
+    reference = Augmenter(_spec(views=2), device).augment(sources)
+    groups: list[int] = []
+    seeded_groups = Augmenter._seeded_groups
+
+    def counted(self, *args):
+        for seeded, streams in seeded_groups(self, *args):
+            groups.append(len(seeded))
+            yield seeded, streams
+
+    monkeypatch.setattr(Augmenter, "_seeded_groups", counted)
+    monkeypatch.setattr(augment, "SEEDED_BYTES", min(len(s.data) for s in sources))
+    grouped = Augmenter(_spec(views=2), device).augment(sources)
+    assert groups == [1] * 12  # each source reaches the bound alone
+    assert [s.image for s in grouped.samples] == [s.image for s in reference.samples]
+
+
 def test_every_sample_replays_to_identical_bytes(
     reference: ShardOutput, photos, device: str
 ) -> None:
