@@ -61,8 +61,9 @@ FORWARDED_ENV = (
 # per actor instead: the first actor ready would otherwise take two while another sat idle.
 CALLS_PER_ACTOR = 2
 # Source bytes a shard call reads ahead of its augmenting (sources.ReadAhead): a whole unit of
-# 300-600 px photos (about 14 MB), 20 phone photos, seconds of augmenting ahead of storage.
-READ_AHEAD_BYTES = 64 << 20
+# 300-600 px photos (about 14 MB), 5 phone photos (half a second of their 8-view augmenting).
+# Held twice per actor (CALLS_PER_ACTOR); 64 MiB took a 12 MP job's peak PSS 100-220 MiB higher.
+READ_AHEAD_BYTES = 16 << 20
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
 # How long a job of few units waits for its whole actor pool before dispatching (see _pipeline).
