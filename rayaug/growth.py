@@ -36,13 +36,16 @@ def plan_growth(
     `now`): more views of the recorded sources, every view of the sources added. UsageError
     naming each change that is not growth, or any growth where `grow` is false (a resume)."""
     out = spec.output.uri
-    changes = _version_changes(recorded.versions, now) + _spec_changes(recorded.spec, spec)
-    changes += _listing_changes(recorded, listing)
+    versions = _version_changes(recorded.versions, now)
+    changes = versions + _spec_changes(recorded.spec, spec) + _listing_changes(recorded, listing)
     if changes:
+        finish = "finish the recorded one with"
+        if versions:  # other versions write other bytes: only the recorded ones can finish it
+            finish += f" the versions it recorded ({_recorded_versions(recorded, now)})"
         raise UsageError(
             f"{out} holds the output of a different job: {'; '.join(changes)}. An output can "
             "only grow (more views, new input files); use a new output URI for another job, or "
-            f"finish the recorded one with: rayaug resume {out}"
+            f"{finish}: rayaug resume {out}"
         )
     old_views = recorded.spec.views
     added = _added_files(recorded, listing)
@@ -70,6 +73,15 @@ def plan_growth(
         )
         units += [replace(unit, views=(0, spec.views)) for unit in new]
     return [replace(unit, shard=shard_name(i)) for i, unit in enumerate(units)]
+
+
+def _recorded_versions(recorded: RecordedJob, now: dict[str, str]) -> str:
+    """The recorded versions of what differs now, as `name version, ...`."""
+    return ", ".join(
+        f"{name} {recorded.versions[name]}"
+        for name in sorted(now)
+        if name in recorded.versions and recorded.versions[name] != now[name]
+    )
 
 
 def _version_changes(recorded: dict[str, str], now: dict[str, str]) -> list[str]:

@@ -151,7 +151,8 @@ def test_a_different_job_names_what_differs_with_both_values(
     fingerprint.write_text(json.dumps(record))
     assert error_line(rayaug("run", str(spec)), 2) == (
         f"error: {out} holds the output of a different job: kornia 0.0.1 recorded, "
-        f"{versions()['kornia']} now. {refusal}"
+        f"{versions()['kornia']} now. "
+        + refusal.replace(" one with:", " one with the versions it recorded (kornia 0.0.1):")
     )
 
 
