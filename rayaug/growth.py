@@ -36,12 +36,13 @@ def plan_growth(
     `now`): more views of the recorded sources, every view of the sources added. UsageError
     naming each change that is not growth, or any growth where `grow` is false (a resume)."""
     out = spec.output.uri
-    versions = _version_changes(recorded.versions, now)
-    changes = versions + _spec_changes(recorded.spec, spec) + _listing_changes(recorded, listing)
+    versions = _changed_versions(recorded.versions, now)
+    changes = _version_changes(recorded.versions, now, versions)
+    changes += _spec_changes(recorded.spec, spec) + _listing_changes(recorded, listing)
     if changes:
         finish = "finish the recorded one with"
         if versions:  # other versions write other bytes: only the recorded ones can finish it
-            finish += f" the versions it recorded ({_recorded_versions(recorded, now)})"
+            finish += " the versions it recorded" + _known_versions(recorded.versions, versions)
         raise UsageError(
             f"{out} holds the output of a different job: {'; '.join(changes)}. An output can "
             "only grow (more views, new input files); use a new output URI for another job, or "
@@ -75,21 +76,19 @@ def plan_growth(
     return [replace(unit, shard=shard_name(i)) for i, unit in enumerate(units)]
 
 
-def _recorded_versions(recorded: RecordedJob, now: dict[str, str]) -> str:
-    """The recorded versions of what differs now, as `name version, ...`."""
-    return ", ".join(
-        f"{name} {recorded.versions[name]}"
-        for name in sorted(now)
-        if name in recorded.versions and recorded.versions[name] != now[name]
-    )
+def _changed_versions(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The names whose version now is not the recorded one (or none was recorded)."""
+    return [name for name in sorted(now) if recorded.get(name) != now[name]]
 
 
-def _version_changes(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
-    return [
-        f"{name} {recorded.get(name, 'absent')} recorded, {now[name]} now"
-        for name in sorted(now)
-        if recorded.get(name) != now[name]
-    ]
+def _version_changes(recorded: dict[str, str], now: dict[str, str], names: list[str]) -> list[str]:
+    return [f"{name} {recorded.get(name, 'absent')} recorded, {now[name]} now" for name in names]
+
+
+def _known_versions(recorded: dict[str, str], names: list[str]) -> str:
+    """` (name version, ...)` of the recorded versions of `names`; empty if none were recorded."""
+    known = ", ".join(f"{name} {recorded[name]}" for name in names if name in recorded)
+    return f" ({known})" if known else ""
 
 
 def _spec_changes(recorded: JobSpec, spec: JobSpec) -> list[str]:

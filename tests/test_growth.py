@@ -147,6 +147,20 @@ def test_a_new_version_is_refused(
         planned(spec_of(photo_folder, tmp_path / "out", views=4))
 
 
+def test_a_version_the_output_never_recorded_is_named_without_a_recorded_one(
+    photo_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of(photo_folder, tmp_path / "out")
+    planned(spec)
+    added = plan.versions() | {"newlib": "1.0"}
+    monkeypatch.setattr(plan, "versions", lambda: added)
+    with pytest.raises(UsageError) as refused:
+        planned(spec)
+    message = str(refused.value)
+    assert "newlib absent recorded, 1.0 now" in message
+    assert "finish the recorded one with the versions it recorded: rayaug resume" in message
+
+
 def test_resume_does_not_take_new_files(photo_folder: Path, tmp_path: Path) -> None:
     spec = spec_of(photo_folder, tmp_path / "out")
     planned(spec)
