@@ -196,7 +196,7 @@ class Augmenter:
         held = 0
         for source in sources:
             seeded.append((source, self._seeds(source, views)))
-            held += len(source.data or b"")
+            held += source.size
             if len(seeded) == SEEDED_TOGETHER or held >= SEEDED_BYTES:
                 yield seeded, self._streams(seeded)
                 seeded, held = deque(), 0

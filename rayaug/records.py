@@ -76,6 +76,11 @@ class SourceSample:
     error: str | None = None
     targets: Targets | None = None
 
+    @property
+    def size(self) -> int:
+        """Bytes it holds in memory (none for a read failure): what read budgets count."""
+        return len(self.data or b"")
+
     @cached_property
     def digest(self) -> str | None:
         """sha256 of the bytes as read: what ties each of its samples to this very source."""

@@ -160,7 +160,7 @@ class ReadAhead:
     def _read(self, samples: Iterable[SourceSample]) -> None:
         try:
             for sample in samples:
-                size = len(sample.data or b"")
+                size = sample.size
                 with self._room:
                     self._room.wait_for(functools.partial(self._may_buffer, size))
                     if self._closed:
