@@ -46,6 +46,7 @@ from rayaug.records import (
     sample_seed,
 )
 from rayaug.spec import JobSpec
+from rayaug.spill import SpillFile
 from rayaug.streams import Streams
 
 if TYPE_CHECKING:
@@ -167,11 +168,17 @@ class Augmenter:
         if not self.uint8_path:
             _torch()
 
-    def augment(self, sources: Iterable[SourceSample], views: range | None = None) -> ShardOutput:
+    def augment(
+        self,
+        sources: Iterable[SourceSample],
+        views: range | None = None,
+        spill: SpillFile | None = None,
+    ) -> ShardOutput:
         """The `views` (default: all of the spec's) of every source, in order; failures become
-        quarantine rows."""
+        quarantine rows. With `spill`, the encoded samples wait there for the sink, not in
+        memory."""
         views = range(self.spec.views) if views is None else views
-        output = ShardOutput(device=self.device.partition(":")[0], views=views)
+        output = ShardOutput(device=self.device.partition(":")[0], views=views, spill=spill)
         batch_size = self.spec.execution.batch_size
         pending: list[_Item] = []
         for group, streams in self._seeded_groups(sources, views):
@@ -234,7 +241,7 @@ class Augmenter:
                 output, item.source_key, item.view, "encode", lambda i=item: self._encode(i)
             )
             if encoded is not None:
-                output.samples.append(encoded)
+                output.add(encoded)
 
     def _start(
         self, source: SourceSample, seeds: _Seeds, streams: Streams, output: ShardOutput
@@ -441,7 +448,7 @@ class Augmenter:
             label=item.label,
             ops=[step.record() for step in item.applied],
             source_size=item.source_size,
-            image=data,
+            encoded=data,
             height=height,
             width=width,
             targets=item.targets_now(len(item.applied)),

@@ -34,6 +34,7 @@ from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
 from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
 from rayaug.sources import ReadAhead, SourceIndex, WorkUnit, check_apart, stream_unit
 from rayaug.spec import ExecutionSpec, JobSpec
+from rayaug.spill import SpillFile
 from rayaug.storage import Location, check_reachable, open_location
 
 if TYPE_CHECKING:
@@ -881,10 +882,11 @@ class _ShardStage:
 
     def _shard(self, unit: WorkUnit) -> ShardCommit:
         samples = stream_unit(self.source, self.spec.input, self.fmt, unit)
-        # The reads start before the device is free: concurrent calls overlap only those.
-        with ReadAhead(samples, READ_AHEAD_BYTES) as read, self.device_lock:
-            output = self.augmenter.augment(read, range(*unit.views))
-        return write_shard(self.out, unit.shard, output, self.context)
+        with SpillFile() as spill:
+            # The reads start before the device is free: concurrent calls overlap only those.
+            with ReadAhead(samples, READ_AHEAD_BYTES) as read, self.device_lock:
+                output = self.augmenter.augment(read, range(*unit.views), spill)
+            return write_shard(self.out, unit.shard, output, self.context)
 
 
 def _source_index(source: Location, spec: JobSpec, out: Location) -> SourceIndex:

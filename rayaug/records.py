@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rayaug.spill import Spilled, SpillFile
 
 
 def sample_id(source_key: str, view: int) -> str:
@@ -102,7 +105,7 @@ class AugmentedSample:
     label: str | None
     ops: list[dict[str, Any]]
     source_size: tuple[int, int]  # (height, width) after EXIF orientation
-    image: bytes
+    encoded: bytes | Spilled  # the image's bytes, or where a shard's spill file holds them
     height: int
     width: int
     targets: Targets | None = None
@@ -112,6 +115,11 @@ class AugmentedSample:
     @property
     def sample_id(self) -> str:
         return sample_id(self.source_key, self.view)
+
+    @property
+    def image(self) -> bytes:
+        """The encoded image (read from the spill file when it is held there)."""
+        return self.encoded if isinstance(self.encoded, bytes) else self.encoded.read()
 
     @property
     def soft_label_rows(self) -> list[dict] | None:
@@ -149,6 +157,12 @@ class ShardOutput:
     sources: int = 0
     samples: list[AugmentedSample] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
+    spill: SpillFile | None = None  # where samples' bytes wait for the sink; None: in memory
+
+    def add(self, sample: AugmentedSample) -> None:
+        if self.spill is not None:
+            sample = replace(sample, encoded=self.spill.hold(sample.image))
+        self.samples.append(sample)
 
 
 # ---------------------------------------------------------------- planning

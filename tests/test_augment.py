@@ -20,6 +20,7 @@ from rayaug.augment import KORNIA_ON_CPU, Augmenter
 from rayaug.ops import CATALOGUE, draw_ops, from_records
 from rayaug.records import ShardOutput, SourceSample, sample_seed
 from rayaug.spec import JobSpec, parse_spec
+from rayaug.spill import Spilled, SpillFile
 
 # Every op of the catalogue at p=0.5, after a random resized crop (the usual training setup).
 ALL_OPS = [
@@ -231,6 +232,16 @@ def test_a_seeding_group_holds_few_large_sources_and_the_same_bytes(
     grouped = Augmenter(_spec(views=2), device).augment(sources)
     assert groups == [1] * 12  # each source reaches the bound alone
     assert [s.image for s in grouped.samples] == [s.image for s in reference.samples]
+
+
+def test_with_a_spill_file_the_samples_bytes_wait_on_disk_and_are_the_same(
+    reference: ShardOutput, photos, device: str, tmp_path
+) -> None:
+    with SpillFile(str(tmp_path)) as spill:
+        output = Augmenter(_spec(), device).augment(_sources(photos), spill=spill)
+        assert all(isinstance(sample.encoded, Spilled) for sample in output.samples)
+        assert _hashes(output) == _hashes(reference)
+        assert [s.image for s in output.samples] == [s.image for s in reference.samples]
 
 
 def test_every_sample_replays_to_identical_bytes(

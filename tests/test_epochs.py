@@ -59,7 +59,7 @@ def _samples(shard: int, sources: int) -> list[AugmentedSample]:
                     label=key.split("/")[0],
                     ops=[{"name": "hflip", "applied": view == 1, "params": {}}],
                     source_size=(12, 16),
-                    image=_jpeg(1000 * shard + 10 * i + view),
+                    encoded=_jpeg(1000 * shard + 10 * i + view),
                     height=12,
                     width=16,
                 )

@@ -24,10 +24,12 @@ from PIL import Image
 
 from rayaug import commit
 from rayaug.formats import output_format
+from rayaug.outputs import manifest_of
 from rayaug.records import AugmentedSample, Quarantined, ShardOutput, placement, sample_seed
 from rayaug.sampledata import SamplePhoto
 from rayaug.sinks import WriteContext, write_shard
 from rayaug.spec import OutputSpec, StorageSpec
+from rayaug.spill import SpillFile
 from rayaug.storage import Location, open_location
 
 VERSIONS = {"rayaug": "0.1.0-test", "kornia": "0.9.0"}
@@ -69,7 +71,7 @@ def _augmented(photos: list[SamplePhoto], views: int = 2) -> list[AugmentedSampl
                         {"name": "rotation", "applied": True, "params": {"degrees": 12.5 * view}},
                     ],
                     source_size=(height, width),
-                    image=photo.jpeg,  # real JPEG bytes stand in for the augmented ones
+                    encoded=photo.jpeg,  # real JPEG bytes stand in for the augmented ones
                     height=height,
                     width=width,
                 )
@@ -302,6 +304,31 @@ def test_a_soft_label_reaches_the_shard_and_the_manifest(
         shard = wds.WebDataset(str(local_copy), shardshuffle=False).decode()
         metas = [item["json"] for item in shard]
         assert metas[0]["soft_label"] == expected and "soft_label" not in metas[1]
+
+
+@pytest.mark.parametrize("layout", ["by_view", "by_source"])
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset", "lance"])
+def test_a_shard_spilled_to_disk_is_written_as_one_held_in_memory(
+    fmt: str, layout: str, photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    written = []
+    with SpillFile(str(tmp_path)) as spill:
+        held, spilled = (ShardOutput(sources=4, views=range(2), spill=s) for s in (None, spill))
+        for sample in _augmented(photos[:4]):
+            held.add(sample)
+            spilled.add(sample)
+        assert held.samples[0].encoded == spilled.samples[0].image != spilled.samples[0].encoded
+        for name, result in (("memory", held), ("spilled", spilled)):
+            location = open_location(str(tmp_path / name), StorageSpec(retries=0))
+            output = OutputSpec(uri=location.uri, format=fmt)
+            write_shard(location, SHARD, result, _context(output, layout))
+            files = {p: location.read_bytes(p) for p, _ in location.list(recursive=True)}
+            rows = manifest_of(location, SHARD).to_pylist()
+            written.append((output_format(fmt).read_images(location, output, SHARD), rows, files))
+    assert written[0][0] == written[1][0]
+    assert len(written[0][0]) == 8 and written[0][1] == written[1][1]
+    if fmt != "lance":  # Lance names its fragments' files at random
+        assert written[0][2] == written[1][2]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])

@@ -1,0 +1,81 @@
+"""A shard's encoded output, held on the actor's local disk until the sink writes it.
+
+A shard's data objects can only be written once all of its views are made (by_view: each
+view's object holds every source of the shard), so its encoded output is held whole: 2,048
+views of 512 px are about 90 MB of JPEG, and an actor has two shards in flight. In an unnamed
+temporary file instead of the heap, that output sits in the kernel's page cache while memory
+is free and goes to disk when it is not; the actor's own memory is what it decodes and
+augments, whatever the shard's size, its views or the output's size. The file has no name from
+the start, so a killed actor leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from types import TracebackType
+
+from rayaug.errors import RayaugError
+
+
+class SpillFile:
+    """Append-only bytes of one shard call; read back by position, from any thread."""
+
+    def __init__(self, folder: str | None = None) -> None:
+        """`folder`: where the unnamed file is made (default: TMPDIR, as `tempfile` picks)."""
+        self.folder = folder or tempfile.gettempdir()
+        try:
+            self._file = tempfile.TemporaryFile(dir=self.folder)  # noqa: SIM115 - see close()
+        except OSError as error:
+            raise self._cannot_hold(error) from error
+        self._end = 0
+
+    def hold(self, data: bytes) -> Spilled:
+        """Append `data`; returns where it is."""
+        at, view = self._end, memoryview(data)
+        try:
+            while view:
+                view = view[os.pwrite(self._file.fileno(), view, self._end) :]
+                self._end = at + len(data) - len(view)
+        except OSError as error:
+            raise self._cannot_hold(error) from error
+        return Spilled(self, at, len(data))
+
+    def _cannot_hold(self, error: OSError) -> RayaugError:
+        return RayaugError(
+            f"the actor's local disk ({self.folder}, set by TMPDIR) could not hold "
+            f"a shard's output until it is written: {error}"
+        )
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._file.fileno(), length, offset)
+        if len(data) != length:
+            raise OSError(f"spill file: {len(data)} of {length} bytes at {offset}")
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> SpillFile:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """Where one encoded image is in a spill file: its bytes are read when asked for."""
+
+    file: SpillFile
+    offset: int
+    length: int
+
+    def read(self) -> bytes:
+        return self.file.read(self.offset, self.length)
