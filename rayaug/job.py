@@ -23,11 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlparse
 
 import numpy as np
 
 from rayaug import commit, outputs
 from rayaug.augment import Augmenter, pick_device
+from rayaug.clouds import SCHEMES
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
@@ -57,13 +59,15 @@ FORWARDED_ENV = (
     "AZURE_STORAGE_ACCOUNT_NAME",  # az://: the account's name (its key stays behind)
     "AZURE_STORAGE_ACCOUNT",
 )
-# Shards in flight per actor: one's reads and writes wait on storage while another augments.
-# A job with fewer shards than that fills (fewer than CALLS_PER_ACTOR per actor) gets one call
-# per actor instead: the first actor ready would otherwise take two while another sat idle.
+# Shards handed to an actor at once: the next is there when one ends, and with overlap_shards
+# one's reads and writes wait on storage while another augments. A job with fewer shards than
+# that fills (fewer than CALLS_PER_ACTOR per actor) gets one call per actor instead: the first
+# actor ready would otherwise take two while another sat idle.
 CALLS_PER_ACTOR = 2
 # Source bytes a shard call reads ahead of its augmenting (sources.ReadAhead): a whole unit of
 # 300-600 px photos (about 14 MB), 5 phone photos (half a second of their 8-view augmenting).
-# Held twice per actor (CALLS_PER_ACTOR); 64 MiB took a 12 MP job's peak PSS 100-220 MiB higher.
+# Held twice per actor when its shards overlap (overlaps_shards); 64 MiB took a 12 MP job's
+# peak PSS 100-220 MiB higher.
 READ_AHEAD_BYTES = 16 << 20
 # A poison input that kills its actor is retried this often before the job fails.
 ACTOR_RESTARTS = 8
@@ -741,10 +745,23 @@ def pool_shape(execution: ExecutionSpec, cpus: float, gpus: float) -> PoolShape:
 
 
 def calls_per_actor(units: int, actors: int) -> int:
-    """Shards in flight per actor: CALLS_PER_ACTOR (storage waits overlap the other shard's
-    compute) when every actor can be given that many, else one, so that each shard goes to an
+    """Shards handed to each actor at once: CALLS_PER_ACTOR when every actor can be given that
+    many, else one, so that each shard goes to an
     actor of its own (Ray Data hands a unit to the first actor with a free slot)."""
     return CALLS_PER_ACTOR if units >= CALLS_PER_ACTOR * actors else 1
+
+
+def overlaps_shards(spec: JobSpec) -> bool:
+    """Whether an actor's second call runs beside the one augmenting (`execution.overlap_shards`),
+    rather than only waiting in its queue, as Ray Data has it unless told otherwise
+    (`enable_true_multi_threading`). Overlapped, one call's reads and the other's writes wait on
+    storage while the device works (`_ShardStage.device_lock` keeps the augmenting one at a
+    time), at the cost of two shards' reads and writes in memory. "auto": where the input or
+    the output is in cloud storage; a local disk has no such waits to hide."""
+    chosen = spec.execution.overlap_shards
+    if chosen != "auto":
+        return chosen
+    return any(urlparse(uri).scheme in SCHEMES for uri in (spec.input.uri, spec.output.uri))
 
 
 def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: dict):
@@ -790,6 +807,7 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
             compute=ActorPoolStrategy(
                 size=actors,
                 max_concurrent_calls_per_actor=calls,
+                enable_true_multi_threading=calls > 1 and overlaps_shards(spec),
             ),
             num_cpus=shape.cpus_per_actor,
             num_gpus=shape.gpus_per_actor,

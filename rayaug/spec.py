@@ -97,6 +97,9 @@ class ExecutionSpec(Model):
     concurrency: int | Literal["auto"] = "auto"
     num_gpus: float | Literal["auto"] = "auto"
     cpus_per_actor: float | Literal["auto"] = "auto"
+    # A second shard call per actor beside the augmenting one: its reads and the other's writes
+    # wait on storage meanwhile. "auto": when the input or output is in cloud storage.
+    overlap_shards: bool | Literal["auto"] = "auto"
 
     @field_validator("concurrency")
     @classmethod

@@ -2,7 +2,7 @@
 
 A shard's data objects can only be written once all of its views are made (by_view: each
 view's object holds every source of the shard), so its encoded output is held whole: 2,048
-views of 512 px are about 90 MB of JPEG, and an actor has two shards in flight. In an unnamed
+views of 512 px are about 86 MB of JPEG, twice that with overlapping calls. In an unnamed
 temporary file instead of the heap, that output sits in the kernel's page cache while memory
 is free and goes to disk when it is not; the actor's own memory is what it decodes and
 augments, whatever the shard's size, its views or the output's size. The file has no name from

@@ -27,6 +27,7 @@ from rayaug.job import (
     calls_per_actor,
     few_malloc_arenas,
     noted_interrupts,
+    overlaps_shards,
     pool_shape,
     run_job,
 )
@@ -143,6 +144,24 @@ def test_run_writes_committed_layout(ray_cluster: str, photo_folder: Path, tmp_p
     assert verify(output) == []
 
 
+@pytest.mark.parametrize(
+    ("input_uri", "output_uri", "chosen", "overlaps"),
+    [
+        ("/data/in", "/data/out", "auto", False),  # a local disk: no storage waits to hide
+        ("s3://in/photos", "/data/out", "auto", True),
+        ("/data/in", "gs://out/run", "auto", True),
+        ("az://in/photos", "abfs://out/run", "auto", True),
+        ("/data/in", "/data/out", True, True),
+        ("s3://in/photos", "s3://out/run", False, False),
+    ],
+)
+def test_shard_calls_overlap_where_they_wait_on_cloud_storage_unless_told(
+    input_uri: str, output_uri: str, chosen: bool | str, overlaps: bool
+) -> None:
+    spec = make_spec(input_uri, output_uri, execution={"overlap_shards": chosen})
+    assert overlaps_shards(spec) is overlaps
+
+
 def test_calls_per_actor_overlap_only_when_every_actor_gets_that_many() -> None:
     assert calls_per_actor(2, 2) == 1  # 2 shards, 2 actors: one each
     assert calls_per_actor(3, 2) == 1
@@ -251,14 +270,20 @@ def test_an_embedded_run_starts_only_its_pool_actors(photo_folder: Path, tmp_pat
     assert report["actors"] == ["MapWorker(MapBatches(_ShardStage))"]
 
 
-def test_same_bytes_whatever_batch_size_and_actor_count(
+def test_same_bytes_whatever_batch_size_actor_count_and_overlap(
     ray_cluster: str, photo_folder: Path, tmp_path: Path
 ) -> None:
+    """One actor with its shard calls overlapping (reads and writes beside the augmenting) and
+    two actors taking their calls one at a time write the same bytes."""
     one = make_spec(
-        str(photo_folder), str(tmp_path / "a"), execution={"batch_size": 1, "concurrency": 1}
+        str(photo_folder),
+        str(tmp_path / "a"),
+        execution={"batch_size": 1, "concurrency": 1, "overlap_shards": True},
     )
     many = make_spec(
-        str(photo_folder), str(tmp_path / "b"), execution={"batch_size": 32, "concurrency": 2}
+        str(photo_folder),
+        str(tmp_path / "b"),
+        execution={"batch_size": 32, "concurrency": 2, "overlap_shards": False},
     )
     run(one)
     run(many)
