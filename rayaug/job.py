@@ -746,8 +746,8 @@ def pool_shape(execution: ExecutionSpec, cpus: float, gpus: float) -> PoolShape:
 
 def calls_per_actor(units: int, actors: int) -> int:
     """Shards handed to each actor at once: CALLS_PER_ACTOR when every actor can be given that
-    many, else one, so that each shard goes to an
-    actor of its own (Ray Data hands a unit to the first actor with a free slot)."""
+    many, else one, so that each shard goes to an actor of its own (Ray Data hands a unit to the
+    first actor with a free slot)."""
     return CALLS_PER_ACTOR if units >= CALLS_PER_ACTOR * actors else 1
 
 
