@@ -55,6 +55,11 @@ class Backend:
     put: Callable[[str, bytes], None] | None = None
 
 
+def is_cloud(uri: str) -> bool:
+    """Whether `uri` names cloud storage (one of SCHEMES), not a local path or file:// URI."""
+    return urlparse(uri).scheme in SCHEMES
+
+
 def open_cloud(uri: str, storage: StorageSpec) -> Backend:
     """The backend of an s3, gs, az or abfs URI. Raises UsageError when malformed."""
     scheme = urlparse(uri).scheme

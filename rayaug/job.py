@@ -23,13 +23,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlparse
 
 import numpy as np
 
 from rayaug import commit, outputs
 from rayaug.augment import Augmenter, pick_device
-from rayaug.clouds import SCHEMES
+from rayaug.clouds import is_cloud
 from rayaug.errors import JobFailed, RayaugError
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
@@ -761,7 +760,7 @@ def overlaps_shards(spec: JobSpec) -> bool:
     chosen = spec.execution.overlap_shards
     if chosen != "auto":
         return chosen
-    return any(urlparse(uri).scheme in SCHEMES for uri in (spec.input.uri, spec.output.uri))
+    return is_cloud(spec.input.uri) or is_cloud(spec.output.uri)
 
 
 def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: dict):

@@ -262,7 +262,7 @@ def open_location(uri: str, storage: StorageSpec) -> Location:
     """Resolve a local path, file:// or cloud URI (rayaug.clouds). UsageError if malformed."""
     parsed = urlparse(uri)
     attempts = storage.retries
-    if parsed.scheme in clouds.SCHEMES:
+    if clouds.is_cloud(uri):
         backend = clouds.open_cloud(uri, storage)
         return Location(
             uri.rstrip("/"),
