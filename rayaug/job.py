@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from rayaug import commit, outputs
+from rayaug import allocator, commit, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.clouds import is_cloud
 from rayaug.errors import JobFailed, RayaugError
@@ -882,6 +882,7 @@ class _ShardStage:
     """
 
     def __init__(self, spec: JobSpec, fmt: str, num_gpus: float) -> None:
+        allocator.keep_freed_buffers()  # the actor's process is rayaug's own
         self.spec = spec
         self.fmt = fmt
         self.source = open_location(spec.input.uri, spec.storage)

@@ -112,9 +112,10 @@ def augment_recipe(
 
 def time_augmenter(spec: Any, device: str, repeat: int) -> dict[str, Any]:
     """Read every unit (untimed), one warm-up batch (timed apart), then every unit, timed."""
-    from rayaug import sources, storage
+    from rayaug import allocator, sources, storage
     from rayaug.augment import Augmenter
 
+    allocator.keep_freed_buffers()  # as in the job's actors
     started = time.monotonic()
     location = storage.open_location(spec.input.uri, spec.storage)
     listing = sources.list_input(location, spec.input, spec.output.shard_size, spec.seed)
