@@ -3,7 +3,7 @@
 Each view allocates and frees several buffers of a few MB (a decoded window, a warped canvas,
 the float32 planes of a hue step: 3 MB at 512 px). glibc's defaults hand them back to the
 kernel as they are freed: a buffer above its mmap threshold is unmapped, and a heap whose free
-top passes its trim threshold (twice the largest buffer freed so far) is shrunk. The next
+top passes its trim threshold (twice the largest mapped buffer freed so far) is shrunk. The next
 image then faults every page in again, zeroed by the kernel: 2.3 million faults and 2.7 s of
 system time per shard actor in a 20,000-sample job of 512 px views. Raising both thresholds
 keeps that memory in the heap for the next image.
