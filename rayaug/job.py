@@ -677,7 +677,7 @@ def start_local_ray(**init_args: object) -> None:
 
     system_config = {**LOCAL_SYSTEM_CONFIG, **init_args.pop("_system_config", {})}
     include_dashboard = bool(init_args.get("include_dashboard"))
-    with ray_on_loopback(), lean_head_node(include_dashboard), few_malloc_arenas():
+    with ray_on_loopback(), lean_head_node(include_dashboard), worker_allocators():
         ray.init(
             _system_config=system_config,
             # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
@@ -698,20 +698,16 @@ def start_local_ray(**init_args: object) -> None:
 
 
 @contextlib.contextmanager
-def few_malloc_arenas() -> Iterator[None]:
-    """While ray.init starts the local node, MALLOC_ARENA_MAX=2 in the environment its
-    processes inherit (unless the user set it): glibc gives each thread an arena of its own,
-    up to eight per core, each keeping what was freed in it, and a shard actor's threads
-    (Ray's, two calls', their read-ahead) left it 50-100 MiB larger at its peak. glibc reads
-    the variable as a process starts, so this process itself is not affected."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        yield
-        return
-    os.environ["MALLOC_ARENA_MAX"] = "2"
+def worker_allocators() -> Iterator[None]:
+    """While ray.init starts the local node, `allocator.worker_environment()` in the environment
+    its processes inherit; this process's own environment is as it was afterwards."""
+    added = allocator.worker_environment()
+    os.environ.update(added)
     try:
         yield
     finally:
-        del os.environ["MALLOC_ARENA_MAX"]
+        for name in added:
+            del os.environ[name]
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from rayaug.job import (
     CALLS_PER_ACTOR,
     RunOptions,
     calls_per_actor,
-    few_malloc_arenas,
     noted_interrupts,
     overlaps_shards,
     pool_shape,
     run_job,
+    worker_allocators,
 )
 from rayaug.replay import replay
 from rayaug.reports.summary import verify
@@ -433,16 +433,35 @@ def test_replay_from_manifest(ray_cluster: str, photo_folder: Path, tmp_path: Pa
         assert io.BytesIO(image).getvalue() == result.image
 
 
-def test_the_local_node_starts_with_few_malloc_arenas_and_the_callers_env_is_kept(
+def test_the_local_nodes_workers_allocate_arrow_from_malloc(ray_cluster: str) -> None:
+    """What a shard actor's process gets on the node `start_local_ray` started: Arrow's pool
+    and glibc's arenas are read as a process starts, so only the environment can set them."""
+    import ray
+
+    @ray.remote
+    def allocators() -> tuple[str, str | None]:
+        import pyarrow
+
+        return pyarrow.default_memory_pool().backend_name, os.environ.get("MALLOC_ARENA_MAX")
+
+    assert ray.get(allocators.remote()) == ("system", "2")
+
+
+def test_the_local_node_starts_with_the_workers_allocators_and_the_callers_env_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The node's processes inherit MALLOC_ARENA_MAX=2 while it starts; the caller's own
-    environment is as it was afterwards, and a value the user set is theirs."""
+    """The node's processes inherit two malloc arenas and Arrow on malloc while it starts; the
+    caller's own environment is as it was afterwards, and a value the user set is theirs."""
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    with few_malloc_arenas():
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    with worker_allocators():
         assert os.environ["MALLOC_ARENA_MAX"] == "2"
+        assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system"
     assert "MALLOC_ARENA_MAX" not in os.environ
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
-    with few_malloc_arenas():
+    with worker_allocators():
         assert os.environ["MALLOC_ARENA_MAX"] == "8"
+        assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system"
     assert os.environ["MALLOC_ARENA_MAX"] == "8"
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ
