@@ -802,6 +802,10 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
             compute=ActorPoolStrategy(
                 size=actors,
                 max_concurrent_calls_per_actor=calls,
+                # Ray Data queues twice the calls on an actor unless told: the first actor up
+                # took four units of a four-unit job, and the other, idle once every unit was
+                # handed out, was stopped.
+                max_tasks_in_flight_per_actor=calls,
                 enable_true_multi_threading=calls > 1 and overlaps_shards(spec),
             ),
             num_cpus=shape.cpus_per_actor,

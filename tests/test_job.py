@@ -221,6 +221,33 @@ def test_a_two_shard_job_runs_one_shard_on_each_of_two_actors(
     assert sorted(map(len, ran.values())) == [1, 1], ran
 
 
+def test_a_four_shard_job_runs_two_shards_on_each_of_two_actors(
+    ray_cluster: str, photos, tmp_path: Path
+) -> None:
+    """With two calls per actor Ray Data would queue twice that on an actor: the first one up
+    took all four shards, and the other, idle once every unit was handed out, was stopped."""
+    sampledata.write_folder(photos[:8], tmp_path / "input")
+    spec = make_spec(
+        str(tmp_path / "input"),
+        str(tmp_path / "out"),
+        output={"shard_size": 2},
+        views=1,
+        execution={"batch_size": 2, "concurrency": 2},
+    )
+    from ray._private.state import state
+
+    earlier = set(state.actor_table(None))
+    progress = run(spec)
+    assert len(progress.commits) == 4
+    deadline = time.monotonic() + 60
+    while True:
+        ran = {a: calls for a, calls in _shard_actor_tasks().items() if a not in earlier}
+        if sum(map(len, ran.values())) >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(map(len, ran.values())) == [2, 2], ran
+
+
 # A driver of its own (the test process holds the shared Ray): runs the job on an embedded Ray
 # and notes, at every commit, the class of every actor that Ray has seen start (a pool that
 # has finished its units is dead by the time the driver reads their rows).
