@@ -194,58 +194,33 @@ def _shard_actor_tasks() -> dict[str, set[str]]:
     return tasks
 
 
-def test_a_two_shard_job_runs_one_shard_on_each_of_two_actors(
-    ray_cluster: str, photos, tmp_path: Path
+@pytest.mark.parametrize(("shard_size", "per_actor"), [(4, [1, 1]), (2, [2, 2])])
+def test_the_shards_of_a_small_job_are_spread_over_its_two_actors(
+    ray_cluster: str, photos, tmp_path: Path, shard_size: int, per_actor: list[int]
 ) -> None:
-    """Ray Data hands a unit to the first actor with a free call: two calls per actor let the
-    first actor up take both shards while the other sat idle. Each shard on its own actor."""
+    """Ray Data hands a unit to the first actor with a free call, and queues twice the calls on
+    an actor unless told: the first actor up took both shards of a two-shard job, or all four
+    of a four-shard one (the other, idle once every unit was handed out, was stopped)."""
     sampledata.write_folder(photos[:8], tmp_path / "input")
     spec = make_spec(
         str(tmp_path / "input"),
         str(tmp_path / "out"),
-        output={"shard_size": 4},
+        output={"shard_size": shard_size},
         views=1,
-        execution={"batch_size": 4, "concurrency": 2},
+        execution={"batch_size": shard_size, "concurrency": 2},
     )
     from ray._private.state import state
 
     earlier = set(state.actor_table(None))  # the actors of earlier tests' jobs
     progress = run(spec)
-    assert len(progress.commits) == 2
+    assert len(progress.commits) == sum(per_actor)
     deadline = time.monotonic() + 60  # task events reach the GCS in periodic batches
     while True:
         ran = {a: calls for a, calls in _shard_actor_tasks().items() if a not in earlier}
-        if sum(map(len, ran.values())) >= 2 or time.monotonic() > deadline:
+        if sum(map(len, ran.values())) >= sum(per_actor) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert sorted(map(len, ran.values())) == [1, 1], ran
-
-
-def test_a_four_shard_job_runs_two_shards_on_each_of_two_actors(
-    ray_cluster: str, photos, tmp_path: Path
-) -> None:
-    """With two calls per actor Ray Data would queue twice that on an actor: the first one up
-    took all four shards, and the other, idle once every unit was handed out, was stopped."""
-    sampledata.write_folder(photos[:8], tmp_path / "input")
-    spec = make_spec(
-        str(tmp_path / "input"),
-        str(tmp_path / "out"),
-        output={"shard_size": 2},
-        views=1,
-        execution={"batch_size": 2, "concurrency": 2},
-    )
-    from ray._private.state import state
-
-    earlier = set(state.actor_table(None))
-    progress = run(spec)
-    assert len(progress.commits) == 4
-    deadline = time.monotonic() + 60
-    while True:
-        ran = {a: calls for a, calls in _shard_actor_tasks().items() if a not in earlier}
-        if sum(map(len, ran.values())) >= 4 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert sorted(map(len, ran.values())) == [2, 2], ran
+    assert sorted(map(len, ran.values())) == per_actor, ran
 
 
 # A driver of its own (the test process holds the shared Ray): runs the job on an embedded Ray
