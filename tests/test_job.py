@@ -446,7 +446,8 @@ def test_the_local_nodes_workers_allocate_arrow_from_malloc(ray_cluster: str) ->
 
         return pyarrow.default_memory_pool().backend_name, os.environ.get("MALLOC_ARENA_MAX")
 
-    assert ray.get(allocators.remote()) == ("system", "2")
+    users = os.environ.get("ARROW_DEFAULT_MEMORY_POOL"), os.environ.get("MALLOC_ARENA_MAX")
+    assert ray.get(allocators.remote()) == (users[0] or "system", users[1] or "2")
 
 
 def test_the_local_node_starts_with_the_workers_allocators_and_the_callers_env_is_kept(
