@@ -581,6 +581,50 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
             setattr(node.Node, name, method)
 
 
+# How often the driver asks the GCS whether the local raylet has registered, and for how long
+# at most (Ray's own raylet_start_wait_time_s); Ray's own loop then returns at once.
+REGISTRATION_POLL_S = 0.02
+REGISTRATION_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def node_registration_polled() -> Iterator[None]:
+    """While ray.init starts a local node, the driver learns at once when its raylet registers.
+
+    Ray 2.60's ray.init asks the GCS for the new node 0.1 s after starting the raylet and, if
+    it is not registered yet, asks again a whole second later (GlobalStateAccessor::GetNode
+    sleeps 1 s between tries). The raylet registers only once its two agents are up, about
+    0.5 s after it starts here: the driver then waited 0.6 s for nothing, and the prestarted
+    workers, which the raylet starts as the driver connects, with it. Here the driver polls
+    every REGISTRATION_POLL_S before Ray's first try, so that try finds the node."""
+    from ray._private import services
+
+    ray_get_node = services.get_node
+
+    def get_node(gcs_address: str, node_id: str) -> dict:
+        _wait_for_registration(gcs_address, node_id)
+        return ray_get_node(gcs_address, node_id)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = ray_get_node
+
+
+def _wait_for_registration(gcs_address: str, node_id: str) -> None:
+    """Return once the GCS at `gcs_address` lists node `node_id` or REGISTRATION_WAIT_S has
+    passed; Ray's own lookup that follows reports a node that never came."""
+    from ray._raylet import GcsClient
+
+    client = GcsClient(address=gcs_address)
+    deadline = time.monotonic() + REGISTRATION_WAIT_S
+    while time.monotonic() < deadline:
+        if any(node.hex() == node_id for node in client.get_all_node_info(timeout=1)):
+            return
+        time.sleep(REGISTRATION_POLL_S)
+
+
 class _Discarded:
     """A helper actor's method that a one-node Ray has no use for: its calls go nowhere."""
 
@@ -672,12 +716,18 @@ def start_local_ray(**init_args: object) -> None:
     """Start a fresh Ray of this process's own that registers 127.0.0.1 and listens on
     loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not.
     It runs without the processes and the metrics a single local node does not need
-    (`lean_head_node`, LOCAL_SYSTEM_CONFIG)."""
+    (`lean_head_node`, LOCAL_SYSTEM_CONFIG), and without Ray's second-long wait for its raylet
+    (`node_registration_polled`)."""
     import ray
 
     system_config = {**LOCAL_SYSTEM_CONFIG, **init_args.pop("_system_config", {})}
     include_dashboard = bool(init_args.get("include_dashboard"))
-    with ray_on_loopback(), lean_head_node(include_dashboard), worker_allocators():
+    with (
+        ray_on_loopback(),
+        lean_head_node(include_dashboard),
+        node_registration_polled(),
+        worker_allocators(),
+    ):
         ray.init(
             _system_config=system_config,
             # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster

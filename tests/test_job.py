@@ -25,6 +25,7 @@ from rayaug.job import (
     CALLS_PER_ACTOR,
     RunOptions,
     calls_per_actor,
+    node_registration_polled,
     noted_interrupts,
     overlaps_shards,
     pool_shape,
@@ -470,3 +471,30 @@ def test_the_local_node_starts_with_the_workers_allocators_and_the_callers_env_i
         assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system"
     assert os.environ["MALLOC_ARENA_MAX"] == "8"
     assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ
+
+
+def test_the_local_nodes_registration_is_awaited_only_while_ray_starts(ray_cluster: str) -> None:
+    """Ray's own node lookup runs once the node is registered (it sleeps a whole second
+    between its tries), and only within ray.init: Ray's function is back afterwards."""
+    import ray
+    from ray._private import services
+
+    ray_get_node = services.get_node
+    node_id = ray.get_runtime_context().get_node_id()
+    with node_registration_polled():
+        assert services.get_node is not ray_get_node
+        assert services.get_node(ray_cluster, node_id)["node_id"] == node_id
+    assert services.get_node is ray_get_node
+
+
+def test_a_node_that_never_registers_is_left_to_rays_own_lookup(
+    ray_cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait ends at its deadline without an error of its own: Ray's lookup that follows
+    reports the missing node as Ray does."""
+    from rayaug import job
+
+    monkeypatch.setattr(job, "REGISTRATION_WAIT_S", 0.2)
+    started = time.monotonic()
+    job._wait_for_registration(ray_cluster, "ff" * 28)
+    assert time.monotonic() - started >= 0.2
