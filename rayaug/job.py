@@ -562,23 +562,44 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
       (`log_to_driver=False`); the output stays in the session's log files;
     - the autoscaler's monitor: one fixed node has nothing to scale;
     - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
-      API: a local run submits no job, and usage stats are off for rayaug's runs).
-    Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`), so the
-    three start methods of the node are skipped for the length of ray.init only.
+      API: a local run submits no job, and usage stats are off for rayaug's runs);
+    - without a dashboard, the dashboard agent's half that serves it (its HTTP and gRPC
+      servers and modules: the reporter's CPU and memory samples, the job and log agents):
+      the agent starts as in Ray's minimal install, and the raylet, which waits for it,
+      registers sooner.
+    Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`, but not
+    for the agent), so the three start methods of the node are skipped, and the agent told
+    that the dashboard's dependencies are missing, for the length of ray.init only.
     """
     from ray._private import node
+    from ray._private import utils as ray_utils
 
     skipped = ["start_log_monitor", "start_monitor"]
+    replaced = []
     if not include_dashboard:
         skipped.append("start_api_server")
-    saved = {name: getattr(node.Node, name) for name in skipped}
-    for name in skipped:
-        setattr(node.Node, name, lambda self, *args, **kwargs: None)
+        replaced.append((ray_utils, "get_dashboard_dependency_error", _no_dashboard))
+    replaced += [(node.Node, name, lambda self, *args, **kwargs: None) for name in skipped]
+    with _replaced(replaced):
+        yield
+
+
+def _no_dashboard() -> str:
+    return "rayaug's local node runs no dashboard"
+
+
+@contextlib.contextmanager
+def _replaced(replacements: list[tuple[object, str, object]]) -> Iterator[None]:
+    """Each (owner, name, stand-in) in place of the owner's own attribute (a module's, or a
+    class's as it is stored: a staticmethod stays one), the originals back afterwards."""
+    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in replacements]
+    for owner, name, stand_in in replacements:
+        setattr(owner, name, stand_in)
     try:
         yield
     finally:
-        for name, method in saved.items():
-            setattr(node.Node, name, method)
+        for owner, name, original in saved:
+            setattr(owner, name, original)
 
 
 # How often the driver asks the GCS whether the local raylet has registered, and for how long
@@ -605,11 +626,8 @@ def node_registration_polled() -> Iterator[None]:
         _wait_for_registration(gcs_address, node_id)
         return ray_get_node(gcs_address, node_id)
 
-    services.get_node = get_node
-    try:
+    with _replaced([(services, "get_node", get_node)]):
         yield
-    finally:
-        services.get_node = ray_get_node
 
 
 def _wait_for_registration(gcs_address: str, node_id: str) -> None:
@@ -702,14 +720,8 @@ def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
     if not all(name in vars(owner) for owner, name, _ in replaced):
         yield
         return
-    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in replaced]
-    for owner, name, stand_in in replaced:
-        setattr(owner, name, stand_in)
-    try:
+    with _replaced(replaced):
         yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
 
 
 def start_local_ray(**init_args: object) -> None:

@@ -498,3 +498,17 @@ def test_a_node_that_never_registers_is_left_to_rays_own_lookup(
     started = time.monotonic()
     job._wait_for_registration(ray_cluster, "ff" * 28)
     assert time.monotonic() - started >= 0.2
+
+
+def test_the_local_nodes_dashboard_agent_serves_no_dashboard(ray_cluster: str) -> None:
+    """Without a dashboard, the node's agent starts as in Ray's minimal install: no metrics
+    server and no HTTP port (the raylet, which waits for them, registers sooner); the check
+    that told it so is Ray's own again once the node is up."""
+    import ray
+    from ray._private import utils as ray_utils
+
+    from rayaug import job
+
+    node = ray._private.worker._global_node
+    assert (node.metrics_agent_port, node.dashboard_agent_listen_port) == (-1, -1)
+    assert ray_utils.get_dashboard_dependency_error is not job._no_dashboard
