@@ -563,10 +563,9 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
     - the autoscaler's monitor: one fixed node has nothing to scale;
     - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
       API: a local run submits no job, and usage stats are off for rayaug's runs);
-    - without a dashboard, the dashboard agent's half that serves it (its HTTP and gRPC
-      servers and modules: the reporter's CPU and memory samples, the job and log agents):
-      the agent starts as in Ray's minimal install, and the raylet, which waits for it,
-      registers sooner.
+    - without a dashboard, the dashboard agent's servers (its HTTP server and its metrics
+      gRPC server, which only a dashboard reads): the agent starts as in Ray's minimal
+      install, and the raylet, which waits for their ports, registers sooner.
     Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`, but not
     for the agent), so the three start methods of the node are skipped, and the agent told
     that the dashboard's dependencies are missing, for the length of ray.init only.
