@@ -1,7 +1,8 @@
 """A storage emulator run as a child process on one loopback port, for tests (not a test module).
 
 The base of tests/gcsserver.py and tests/azureserver.py: start (and wait until the server
-answers), kill (SIGKILL, as in an outage), stop, restart on the same port and data directory.
+answers), kill (SIGKILL, as in a crash), an outage (each emulator's own way down that keeps its
+data), stop, restart on the same port and data directory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from s3server import _die_with_parent
+
+
+def _server_process() -> None:
+    """In the server's process, before it runs the server: it dies with the test process, and
+    SIGINT is its own (a shell that starts the suite in the background passes SIGINT on
+    ignored, and a server that shuts down on SIGINT would not)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_ports(count: int) -> list[int]:
@@ -74,7 +83,7 @@ class ProcessServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_server_process,
             )
         try:
             self._wait(self.answers, timeout, log)
