@@ -490,8 +490,8 @@ def test_the_local_nodes_registration_is_awaited_only_while_ray_starts(ray_clust
 def test_a_node_that_never_registers_is_left_to_rays_own_lookup(
     ray_cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wait ends at its deadline without an error of its own: Ray's lookup that follows
-    reports the missing node as Ray does."""
+    """The wait for a node the GCS never lists ends at its deadline, without an error of its
+    own: what to say of the missing node is left to Ray's lookup that follows."""
     from rayaug import job
 
     monkeypatch.setattr(job, "REGISTRATION_WAIT_S", 0.2)
