@@ -1,5 +1,5 @@
 """The allocators of a process that augments: freed image buffers are kept for the next image,
-and Arrow allocates from the same heap.
+Arrow allocates from the same heap, and Python's collector leaves the set-up's objects alone.
 
 Each view allocates and frees several buffers of a few MB (a decoded window, a warped canvas,
 the float32 planes of a hue step: 3 MB at 512 px). glibc's defaults hand them back to the
@@ -16,6 +16,7 @@ processes inherit (`worker_environment`).
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 
 # mallopt's parameter numbers (glibc's malloc.h)
@@ -66,3 +67,12 @@ def keep_freed_buffers() -> bool:
 def worker_environment() -> dict[str, str]:
     """WORKER_ENVIRONMENT less the variables the user set: theirs stay theirs."""
     return {name: value for name, value in WORKER_ENVIRONMENT.items() if name not in os.environ}
+
+
+def exempt_loaded_objects() -> None:
+    """Leave every object alive now (modules, Ray's and Arrow's, the augmenter) out of Python's
+    later cyclic collections. A full collection walks every tracked object: 165,000 in a shard
+    actor, 65 ms each time, two or three times a shard, and none of them is ever garbage. One
+    collection first, so that nothing already unreachable is kept for good."""
+    gc.collect()
+    gc.freeze()

@@ -954,6 +954,7 @@ class _ShardStage:
             partners = Partners(_source_index(self.source, spec, self.out))
         self.augmenter = Augmenter(spec, pick_device(num_gpus), partners)
         self.device_lock = threading.Lock()
+        allocator.exempt_loaded_objects()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         commits = [self._shard(pickle.loads(unit)) for unit in batch["unit"]]

@@ -1,5 +1,6 @@
-"""The actor's allocator keeps freed image buffers (rayaug.allocator), measured in a fresh
-process: glibc reads its settings once, so each case gets an interpreter of its own."""
+"""The actor's allocator keeps freed image buffers, and its collector leaves the set-up's objects
+alone (rayaug.allocator), measured in a fresh process: glibc reads its settings once, and a
+frozen object stays frozen, so each case gets an interpreter of its own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
+glibc_only = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
 )
 
@@ -41,6 +42,7 @@ def run_views(mode: str, **env: str) -> dict:
     return json.loads(done.stdout)
 
 
+@glibc_only
 def test_freed_image_buffers_are_used_again_not_faulted_in_from_the_kernel() -> None:
     default, kept = run_views("default"), run_views("keep")
     assert kept["kept"] is True
@@ -48,6 +50,43 @@ def test_freed_image_buffers_are_used_again_not_faulted_in_from_the_kernel() -> 
     assert kept["faults"] < PAGES_TOUCHED // 20  # only the first view's pages fault in
 
 
+@glibc_only
 def test_a_users_own_malloc_settings_stay_theirs() -> None:
     assert run_views("keep", MALLOC_TRIM_THRESHOLD_="0")["kept"] is False
     assert run_views("keep", MALLOC_MMAP_THRESHOLD_="131072")["kept"] is False
+
+
+# An actor's set-up: rayaug's modules imported, one cycle already garbage, one still in use.
+SET_UP = """
+import gc, json, weakref
+import rayaug.augment, rayaug.job
+from rayaug import allocator
+class Node:
+    pass
+def cycle():
+    node = Node()
+    node.me = node
+    return node
+dropped, kept = cycle(), cycle()
+dropped_ref, kept_ref = weakref.ref(dropped), weakref.ref(kept)
+del dropped
+tracked_before = len(gc.get_objects())
+allocator.exempt_loaded_objects()
+print(json.dumps({
+    "tracked_before": tracked_before,
+    "tracked_after": len(gc.get_objects()),
+    "frozen": gc.get_freeze_count(),
+    "dropped_collected": dropped_ref() is None,
+    "kept_alive": kept_ref() is kept,
+}))
+"""
+
+
+def test_the_set_ups_objects_are_left_out_of_collections_and_its_garbage_is_not_kept() -> None:
+    done = subprocess.run([sys.executable, "-c", SET_UP], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["tracked_before"] > 10_000  # the modules' objects, walked by each collection
+    assert found["tracked_after"] < 100  # what a full collection still walks
+    assert found["frozen"] >= found["tracked_before"] * 0.9
+    assert found["dropped_collected"] and found["kept_alive"]
