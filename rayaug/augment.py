@@ -338,26 +338,30 @@ class Augmenter:
         return done is not None
 
     def _run_items(self, items: list[_Item]) -> None:
-        positions = sorted({step.position for item in items for step in item.applied})
-        for position in positions:
-            by_op: dict[str, list[tuple[_Item, Applied]]] = defaultdict(list)
-            for item in items:
-                for step in item.applied:
-                    if step.position == position:
-                        by_op[step.name].append((item, step))
-            for steps in by_op.values():  # one op per sample and position: any order will do
-                if issubclass(steps[0][1].op, GeometricOp):
-                    for item, step in steps:
-                        matrix, item.canvas = step.op.matrix(step.params, item.canvas)
-                        item.pending = matrix @ item.pending
-                    continue
-                _warp([item for item, _ in steps])
-                if issubclass(steps[0][1].op, MixOp):
-                    for item, step in steps:
-                        self._mix(item, item.applied.index(step))
-                else:
-                    self._photometric(steps)
+        # Each sample's steps by position and op, in one pass; a sample has one op a position,
+        # so the ops of one position may run in any order.
+        by_step: dict[tuple[tuple[int, int], str], list[tuple[_Item, Applied]]] = defaultdict(list)
+        for item in items:
+            for step in item.applied:
+                by_step[step.position, step.name].append((item, step))
+        for key in sorted(by_step):
+            self._run_step(by_step[key])
         _warp(items)
+
+    def _run_step(self, steps: list[tuple[_Item, Applied]]) -> None:
+        """One op at one position, on every sample that drew it."""
+        op = steps[0][1].op
+        if issubclass(op, GeometricOp):  # composed now, warped before the next other op
+            for item, step in steps:
+                matrix, item.canvas = op.matrix(step.params, item.canvas)
+                item.pending = matrix @ item.pending
+            return
+        _warp([item for item, _ in steps])
+        if issubclass(op, MixOp):
+            for item, step in steps:
+                self._mix(item, item.applied.index(step))
+        else:
+            self._photometric(steps)
 
     # ------------------------------------------------------------ mixes
 
