@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from rayaug import ops
 from rayaug.ops import (
     CATALOGUE,
     NO_WARP,
@@ -462,6 +463,16 @@ def test_color_jitter_draws_what_a_permutation_of_its_step_names_drew() -> None:
         params = op.draw(_rng(seed), CANVAS)
         assert params["order"] == expected
         assert params["brightness"] == float(names_rng.uniform(0.6, 1.4))
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_every_op_draws_what_numpys_uniform_drew(name: str, monkeypatch) -> None:
+    """Draws are numpy's `Generator.uniform`, double for double: a job resumed or grown with
+    this version plans the samples an earlier version would have planned."""
+    op, canvas = _op(name), (480, 640)
+    drawn = [op.steps(_rng(seed), canvas) for seed in range(300)]
+    monkeypatch.setattr(ops, "_uniform", lambda rng, bounds: float(rng.uniform(*bounds)))
+    assert drawn == [op.steps(_rng(seed), canvas) for seed in range(300)]
 
 
 def test_params_on_a_tiny_canvas_are_plain_json() -> None:
