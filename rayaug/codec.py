@@ -336,16 +336,34 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 def encode(pixels: np.ndarray, image_format: str, quality: int) -> bytes:
     """(H, W, 3) uint8 → encoded bytes; the same pixels always give the same bytes.
 
-    JPEGs are OpenCV's: byte for byte Pillow's (the same libjpeg-turbo and settings), a
-    fifth faster, with no copy into a Pillow image."""
+    JPEGs are byte for byte Pillow's (the same libjpeg-turbo and settings, 4:2:0) with no copy
+    into a Pillow image: from the RGB pixels themselves through the `turbojpeg` wheel where it
+    is installed (see pyproject.toml), else through OpenCV, which takes BGR (a fifth faster
+    than Pillow even with the channel swap; the wheel saves the swap, 8 % of the encode)."""
     if image_format == "jpeg":
-        bgr = cv2.cvtColor(np.ascontiguousarray(pixels), cv2.COLOR_RGB2BGR)
+        pixels = np.ascontiguousarray(pixels)
+        turbojpeg = _turbojpeg()
+        if turbojpeg is not None:
+            return turbojpeg.compress(
+                pixels, quality, turbojpeg.SAMP.Y420, pixelformat=turbojpeg.PF.RGB
+            )
+        bgr = cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
         ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
         if ok:
             return encoded.tobytes()
     buffer = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buffer, **_ENCODE_OPTIONS[image_format](quality))
     return buffer.getvalue()
+
+
+@functools.cache
+def _turbojpeg() -> ModuleType | None:
+    """The `turbojpeg` wheel's module, where it has a wheel (see pyproject.toml)."""
+    try:
+        import turbojpeg
+    except ImportError:
+        return None
+    return turbojpeg
 
 
 # ---------------------------------------------------------------- nvJPEG on a CUDA device

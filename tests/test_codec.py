@@ -478,13 +478,27 @@ def test_identical_pixels_give_identical_bytes(image_format: str) -> None:
     assert OutputSpec(uri="o", image_format=image_format).extension in {"jpg", "png", "webp"}
 
 
+@pytest.mark.parametrize("encoder", ["turbojpeg wheel", "opencv"])
 @pytest.mark.parametrize("quality", [1, 50, 75, 90, 95, 100])
-def test_jpeg_bytes_are_pillows_whatever_the_quality(photos, quality: int) -> None:
-    """OpenCV encodes JPEGs: the bytes must stay Pillow's, so outputs and replays of earlier
-    runs keep their sha256."""
-    pixels = np.asarray(Image.open(io.BytesIO(photos[1].jpeg)).convert("RGB"))
-    expected = _save(Image.fromarray(pixels), "JPEG", quality=quality)
-    assert codec.encode(pixels, "jpeg", quality) == expected
+def test_jpeg_bytes_are_pillows_whatever_the_quality_and_encoder(
+    photos, quality: int, encoder: str, monkeypatch
+) -> None:
+    """The turbojpeg wheel (or, without it, OpenCV) encodes JPEGs: the bytes must stay
+    Pillow's, so outputs and replays of earlier runs keep their sha256 on any machine."""
+    if encoder == "opencv":
+        monkeypatch.setattr(codec, "_turbojpeg", lambda: None)
+    elif codec._turbojpeg() is None:
+        pytest.skip("no turbojpeg wheel on this platform (see pyproject.toml)")
+    for photo in photos[:6]:  # odd widths and heights among them
+        pixels = np.asarray(Image.open(io.BytesIO(photo.jpeg)).convert("RGB"))
+        expected = _save(Image.fromarray(pixels), "JPEG", quality=quality)
+        assert codec.encode(pixels, "jpeg", quality) == expected
+        assert (
+            codec.encode(pixels[1:, 1:], "jpeg", quality)
+            == _save(  # a strided view
+                Image.fromarray(np.ascontiguousarray(pixels[1:, 1:])), "JPEG", quality=quality
+            )
+        )
 
 
 def test_device_codec_steps_aside_where_nvjpeg_does_not_apply() -> None:
