@@ -164,7 +164,7 @@ def _homography(src: list[list[float]], dst: list[list[float]]) -> np.ndarray:
 
 def _uniform(rng: np.random.Generator, bounds: Range) -> float:
     """`rng.uniform(*bounds)`, the very same double: numpy computes low + (high - low) · the
-    next `random()`, and its argument handling costs three times the draw (8 draws a view)."""
+    next `random()`, and its argument handling costs three times the draw itself."""
     low, high = float(bounds[0]), float(bounds[1])  # numpy takes them as doubles
     return low + (high - low) * rng.random()
 
