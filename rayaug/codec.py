@@ -1,6 +1,7 @@
 """Image decode and encode: Pillow (any mode in, 8-bit RGB out, reduced-scale JPEG decode),
-OpenCV for the common case of a whole, upright 8-bit JPEG, and nvJPEG through torchvision on a
-CUDA device when torchvision imports beside torch."""
+OpenCV for the common case of a whole, upright 8-bit JPEG, libjpeg-turbo through the
+`turbojpeg` wheel for JPEG windows and JPEG encodes, and nvJPEG through torchvision on a CUDA
+device when torchvision imports beside torch."""
 
 from __future__ import annotations
 
