@@ -72,6 +72,8 @@ READ_AHEAD_BYTES = 16 << 20
 ACTOR_RESTARTS = 8
 # How long a job of few units waits for its whole actor pool before dispatching (see _pipeline).
 ACTORS_UP_TIMEOUT_S = 600
+# A job with fewer units than this many rounds of calls per actor waits for its whole pool.
+FEW_UNITS_ROUNDS = 2
 # The CLI draws its own progress; Ray's start-up chatter would bury it.
 QUIET = {"log_to_driver": False, "logging_level": logging.ERROR}
 
@@ -807,6 +809,15 @@ def calls_per_actor(units: int, actors: int) -> int:
     return CALLS_PER_ACTOR if units >= CALLS_PER_ACTOR * actors else 1
 
 
+def waits_for_every_actor(units: int, actors: int) -> bool:
+    """Whether dispatching waits until every actor of the pool is up. With few units per
+    actor, the first actor up would take them one after another while a slower one (a busy
+    machine, a node still pulling its image) got none: four shards on two actors all went to
+    the first. With many units a late actor still finds work, and the wait would only delay
+    the first commit."""
+    return units < FEW_UNITS_ROUNDS * CALLS_PER_ACTOR * actors
+
+
 def overlaps_shards(spec: JobSpec) -> bool:
     """Whether an actor's second call runs beside the one augmenting (`execution.overlap_shards`),
     rather than only waiting in its queue, as Ray Data has it unless told otherwise
@@ -837,12 +848,12 @@ def _pipeline(spec: JobSpec, plan: JobPlan, pending: list[WorkUnit], resources: 
     # would start for nothing, and Ray Data warns of a pool larger than its inputs.
     actors = min(shape.size, len(pending))
     calls = calls_per_actor(len(pending), actors)
-    # Few units: start dispatching once every actor is up, so that each takes its own (the
-    # least busy actor gets the next unit) rather than the first one up taking them one after
-    # another. Bounded: a pool that cannot be placed fails the run in one line. The context is
-    # the process's: a later pipeline of many units gets Ray Data's default back.
+    # Bounded: a pool that cannot be placed fails the run in one line. The context is the
+    # process's: a later pipeline of many units gets Ray Data's default back.
     context.wait_for_min_actors_s = (
-        ACTORS_UP_TIMEOUT_S if calls < CALLS_PER_ACTOR else DEFAULT_WAIT_FOR_MIN_ACTORS_S
+        ACTORS_UP_TIMEOUT_S
+        if waits_for_every_actor(len(pending), actors)
+        else DEFAULT_WAIT_FOR_MIN_ACTORS_S
     )
     _inline_actor_arguments()
     units = [{"unit": pickle.dumps(unit)} for unit in pending]

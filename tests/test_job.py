@@ -30,6 +30,7 @@ from rayaug.job import (
     overlaps_shards,
     pool_shape,
     run_job,
+    waits_for_every_actor,
     worker_allocators,
 )
 from rayaug.replay import replay
@@ -171,6 +172,13 @@ def test_calls_per_actor_overlap_only_when_every_actor_gets_that_many() -> None:
     assert calls_per_actor(1, 1) == 1
 
 
+def test_few_units_wait_for_every_actor_many_do_not() -> None:
+    assert waits_for_every_actor(2, 2)  # 2 shards, 2 actors: each its own
+    assert waits_for_every_actor(4, 2)  # 4 shards: two each, not four to the first one up
+    assert not waits_for_every_actor(1000, 2)  # a late actor still finds work
+    assert not waits_for_every_actor(80, 20)
+
+
 def _shard_actor_tasks() -> dict[str, set[str]]:
     """Per pool actor (by id) the ids of the shard calls it ran, from Ray's own task events
     (the GCS's record of every task: its actor, its state), not from anything rayaug writes."""
@@ -202,8 +210,8 @@ def test_every_actor_of_a_small_job_runs_shards(
     """Two shards or four on two actors. Ray Data hands a unit to the first actor with a free
     call, and queues twice the calls on an actor unless told: the first actor up took both
     shards of a two-shard job, or all four of a four-shard one (the other, idle once every unit
-    was handed out, was stopped). Four tiny shards may still go three to one: an actor that
-    ends a shard before the other is up takes the next."""
+    was handed out, was stopped). Both wait for the whole pool before the first is handed out:
+    on a busy machine, four tiny shards all went to the first actor up."""
     sampledata.write_folder(photos[:8], tmp_path / "input")
     spec = make_spec(
         str(tmp_path / "input"),
