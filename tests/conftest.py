@@ -4,14 +4,17 @@ started once per test process.
 Ray starts after the S3 server and the GCS and Azure emulators so that its workers inherit
 their endpoints and credentials (as they would from a node's environment in production).
 
-Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) the tests are put in three
-groups, each run by one worker in its usual order: SESSION_RAY, every test that needs the
-session's Ray (so there is one session Ray); SESSION_STORAGE, the tests that need only the
-object-store servers (their worker starts servers of its own); OWN_RAY, the tests that start
-a Ray of their own (the embedded Ray of a `rayaug run` subprocess, test heads, the bench smoke
-run, the loopback proof in its network namespace) or are otherwise marked slow, so two of
-those never start side by side. The rest (kernels, ops, codec, spec, ...) fill in wherever a
-worker is free. Without xdist nothing changes.
+Under pytest-xdist (`scripts/test` runs `-n 3 --dist loadgroup`) the tests are put in four
+groups, each run by one worker in its usual order: SESSION_RAY and SESSION_RAY_FAULTS, the tests
+that need a session Ray (the fault tests in tests/faults/ in the second; each group's worker
+starts a session Ray and servers of its own, so the two halves of the suite's longest part run
+side by side); SESSION_STORAGE, the tests that need only the object-store servers (their worker
+starts servers of its own); OWN_RAY, the tests that start a Ray of their own (the embedded Ray
+of a `rayaug run` subprocess, test heads, the bench smoke run, the loopback proof in its network
+namespace) or are otherwise marked slow, so two of those never start side by side. The rest
+(kernels, ops, codec, spec, ...) fill in wherever a worker is free. Much of the suite waits (on
+deadlines, stalled servers, subprocesses): a third worker fills those waits on two cores.
+Without xdist nothing changes.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rayaug import codec, sampledata
 
 BUCKET = "rayaug-test"
 SESSION_RAY = "session-ray"  # xdist_group: tests on the session's Ray (and its servers)
+SESSION_RAY_FAULTS = "session-ray-faults"  # the same for tests/faults/, on a Ray of its own
 SESSION_STORAGE = "session-storage"  # xdist_group: tests on the servers alone, no Ray
 OWN_RAY = "own-ray"  # xdist_group: tests that start a Ray of their own, and the other slow ones
 
@@ -63,7 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _group(item: pytest.Item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if "ray_cluster" in fixtures:
-        return SESSION_RAY
+        return SESSION_RAY_FAULTS if item.path.parent.name == "faults" else SESSION_RAY
     if {"s3", "gcs", "azure", "cloud"} & fixtures or item.get_closest_marker("s3"):
         return SESSION_STORAGE
     if item.get_closest_marker("own_ray") or item.get_closest_marker("slow"):
@@ -95,16 +99,17 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker: record each test's group and order the tests SESSION_RAY,
-    SESSION_STORAGE, the ungrouped ones, OWN_RAY (each keeping its order). One worker takes
-    the SESSION_RAY unit; the other the SESSION_STORAGE unit, on servers of its own and no Ray
-    while the first starts the session's (Ray gives its raylet a fixed 30 s to register, which
-    two Rays starting at once on a loaded 2-core machine overran), then the quick ungrouped
-    tests and OWN_RAY. With the storage-only tests in the Ray unit, that one worker ran 610 s
-    of the suite's 10 min while the other sat idle for half of it."""
+    SESSION_RAY_FAULTS, SESSION_STORAGE, OWN_RAY, then the ungrouped ones (each keeping its
+    order). The three workers take the first three units, so the two session Rays start side by
+    side (2-3 s each, with their servers, measured on a loaded 2-core machine; Ray gives a
+    raylet a fixed 30 s to register). The storage worker goes on to OWN_RAY, whose Rays so start
+    after the session's; the quick ungrouped tests fill in whichever worker runs out first. Two
+    workers, one session Ray: 605 s; three, this order: 461 s; three with OWN_RAY last: 521 s,
+    its 226 s started after the ungrouped tests."""
     path = os.environ.get(GROUPS_FILE)
     if not (os.environ.get("PYTEST_XDIST_WORKER") and path):
         return
-    rank = {SESSION_RAY: 0, SESSION_STORAGE: 1, None: 2, OWN_RAY: 3}
+    rank = {SESSION_RAY: 0, SESSION_RAY_FAULTS: 1, SESSION_STORAGE: 2, OWN_RAY: 3, None: 4}
     groups = {item: _group(item) for item in items}
     items.sort(key=lambda item: rank[groups[item]])  # stable
     written = Path(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}")  # every worker writes the same
