@@ -101,11 +101,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """In an xdist worker: record each test's group and order the tests SESSION_RAY,
     SESSION_RAY_FAULTS, SESSION_STORAGE, OWN_RAY, then the ungrouped ones (each keeping its
     order). The three workers take the first three units, so the two session Rays start side by
-    side (2-3 s each, with their servers, measured on a loaded 2-core machine; Ray gives a
-    raylet a fixed 30 s to register). The storage worker goes on to OWN_RAY, whose Rays so start
-    after the session's; the quick ungrouped tests fill in whichever worker runs out first. Two
-    workers, one session Ray: 605 s; three, this order: 461 s; three with OWN_RAY last: 521 s,
-    its 226 s started after the ungrouped tests."""
+    side (`start_local_ray` took 2.8 s in each, three workers starting on a 2-core machine; Ray
+    gives a raylet a fixed 30 s to register). The storage worker goes on to OWN_RAY, whose Rays
+    so start after the session's; the quick ungrouped tests fill in whichever worker runs out
+    first. Two workers, one session Ray: 605 s; three, this order: 461 and 502 s; three with
+    OWN_RAY last: 521 s, its 226 s started after the ungrouped tests."""
     path = os.environ.get(GROUPS_FILE)
     if not (os.environ.get("PYTEST_XDIST_WORKER") and path):
         return
