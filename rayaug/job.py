@@ -9,6 +9,7 @@ whole; the shard's manifest commits it: a killed actor costs only its uncommitte
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -19,7 +20,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -566,13 +567,15 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
     - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
       API: a local run submits no job, and usage stats are off for rayaug's runs);
     - without a dashboard, the dashboard agent's servers (its HTTP server and its metrics
-      gRPC server, which only a dashboard reads): the agent starts as in Ray's minimal
-      install, and the raylet, which waits for their ports, registers sooner.
+      gRPC server, which only a dashboard reads) and its modules: the agent starts as in Ray's
+      minimal install (`rayaug.minimal_agent`), and the raylet, which waits for its ports,
+      registers sooner.
     Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`, but not
-    for the agent), so the three start methods of the node are skipped, and the agent told
-    that the dashboard's dependencies are missing, for the length of ray.init only.
+    for the agent), so the three start methods of the node are skipped, the agent told that
+    the dashboard's dependencies are missing and started through `rayaug.minimal_agent`, for
+    the length of ray.init only.
     """
-    from ray._private import node
+    from ray._private import node, services
     from ray._private import utils as ray_utils
 
     skipped = ["start_log_monitor", "start_monitor"]
@@ -580,6 +583,14 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
     if not include_dashboard:
         skipped.append("start_api_server")
         replaced.append((ray_utils, "get_dashboard_dependency_error", _no_dashboard))
+        python_command = services._build_python_executable_command_memory_profileable
+        replaced.append(
+            (
+                services,
+                "_build_python_executable_command_memory_profileable",
+                functools.partial(_minimal_agent_command, python_command),
+            )
+        )
     replaced += [(node.Node, name, lambda self, *args, **kwargs: None) for name in skipped]
     with _replaced(replaced):
         yield
@@ -587,6 +598,19 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
 
 def _no_dashboard() -> str:
     return "rayaug's local node runs no dashboard"
+
+
+def _minimal_agent_command(
+    python_command: Callable[..., list[str]], component: str, *args: object, **kwargs: object
+) -> list[str]:
+    """Ray's Python command for a process of the node (`python -u`, or memray's), the dashboard
+    agent's through `rayaug.minimal_agent` (Ray appends the agent's script and arguments)."""
+    from ray._private import ray_constants
+
+    command = python_command(component, *args, **kwargs)
+    if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT:
+        command += ["-m", "rayaug.minimal_agent"]
+    return command
 
 
 @contextlib.contextmanager

@@ -57,9 +57,12 @@ def role(proc: psutil.Process, root_pid: int) -> str:
             if helper in name:
                 return f"ray::{helper}"
         return f"ray::{name}"
-    program = " ".join(argv[:3])  # the flags of some name the others' programs
+    # The program and its first flags (`python -u -m rayaug.minimal_agent`): the raylet's later
+    # flags name the other programs.
+    program = " ".join(argv[:4])
     for key, name in (
         ("raylet/raylet", "raylet"),
+        ("rayaug.minimal_agent", "dashboard agent"),
         ("gcs_server", "gcs_server"),
         ("default_worker.py", "idle worker"),
         ("dashboard/agent.py", "dashboard agent"),

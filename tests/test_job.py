@@ -510,13 +510,18 @@ def test_a_node_that_never_registers_is_left_to_rays_own_lookup(
 
 def test_the_local_nodes_dashboard_agent_serves_no_dashboard(ray_cluster: str) -> None:
     """Without a dashboard, the node's agent starts as in Ray's minimal install: no metrics
-    server and no HTTP port (the raylet, which waits for them, registers sooner); the check
-    that told it so is Ray's own again once the node is up."""
+    server, no HTTP port and no modules (the raylet, which waits for its ports, registers
+    sooner); the functions that told it so are Ray's own again once the node is up."""
     import ray
+    from ray._private import services
     from ray._private import utils as ray_utils
 
     from rayaug import job
 
     node = ray._private.worker._global_node
     assert (node.metrics_agent_port, node.dashboard_agent_listen_port) == (-1, -1)
+    agent_log = (Path(node.get_logs_dir_path()) / "dashboard_agent.log").read_text()
+    assert "Loaded 0 modules." in agent_log
     assert ray_utils.get_dashboard_dependency_error is not job._no_dashboard
+    python_command = services._build_python_executable_command_memory_profileable
+    assert getattr(python_command, "__module__", None) == services.__name__
