@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from rayaug import allocator, commit, outputs
+from rayaug import allocator, commit, minimal_agent, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.clouds import is_cloud
 from rayaug.errors import JobFailed, RayaugError
@@ -609,7 +609,7 @@ def _minimal_agent_command(
 
     command = python_command(component, *args, **kwargs)
     if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT:
-        command += ["-m", "rayaug.minimal_agent"]
+        command += minimal_agent.command()
     return command
 
 

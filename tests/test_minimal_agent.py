@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,17 @@ from ray.dashboard import utils as dashboard_utils
 
 from rayaug import minimal_agent
 
-# What the stand-in script reports: the arguments it was given, and the agent modules it gets.
+# What the stand-in script reports: its arguments, name, sys.path and modules, the agent's modules.
 AGENT_SCRIPT = """
 import json, sys
 from ray.dashboard import utils
-print(json.dumps({"argv": sys.argv, "name": __name__, "modules": utils.get_all_modules(object)}))
+print(json.dumps({
+    "argv": sys.argv,
+    "name": __name__,
+    "modules": utils.get_all_modules(object),
+    "path": sys.path,
+    "rayaug imported": "rayaug" in sys.modules,
+}))
 """
 
 
@@ -36,17 +43,19 @@ def test_the_agent_loads_exactly_the_modules_of_rays_minimal_install(
     assert len(every_module) > len(minimal)
 
 
-def test_runs_the_agent_script_with_its_arguments(tmp_path: Path) -> None:
-    """`python -m rayaug.minimal_agent SCRIPT ARGS...` runs SCRIPT as the main module with ARGS,
-    as `python SCRIPT ARGS...` would, the module loading replaced."""
+def test_runs_the_agent_script_with_its_arguments_without_importing_rayaug(tmp_path: Path) -> None:
+    """The node's command (`python -u` + `command()` + SCRIPT ARGS...) runs SCRIPT as the main
+    module with ARGS, as `python SCRIPT ARGS...` would, the module loading replaced. It does not
+    import rayaug (the agent does not get the driver's sys.path, where rayaug may be), and
+    rayaug's folder is not on the path, where its module names would shadow others'."""
     script = tmp_path / "agent.py"
     script.write_text(AGENT_SCRIPT)
+    argv = [sys.executable, "-u", *minimal_agent.command(), str(script), "--node-id=ab", "x"]
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, "-u", "-m", "rayaug.minimal_agent", str(script), "--node-id=ab", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        argv, capture_output=True, text=True, timeout=60, check=True, cwd=tmp_path, env=environment
     )
     report = json.loads(done.stdout)
-    assert report == {"argv": [str(script), "--node-id=ab", "x"], "name": "__main__", "modules": []}
+    assert report["argv"] == [str(script), "--node-id=ab", "x"]
+    assert (report["name"], report["modules"], report["rayaug imported"]) == ("__main__", [], False)
+    assert str(Path(minimal_agent.__file__).parent) not in report["path"]
