@@ -57,12 +57,10 @@ def role(proc: psutil.Process, root_pid: int) -> str:
             if helper in name:
                 return f"ray::{helper}"
         return f"ray::{name}"
-    # The program and its first flags (`python -u -m rayaug.minimal_agent`): the raylet's later
-    # flags name the other programs.
-    program = " ".join(argv[:4])
+    program = " ".join(argv[:3])  # the flags of some name the others' programs
     for key, name in (
         ("raylet/raylet", "raylet"),
-        ("rayaug.minimal_agent", "dashboard agent"),
+        ("rayaug/minimal_agent.py", "dashboard agent"),
         ("gcs_server", "gcs_server"),
         ("default_worker.py", "idle worker"),
         ("dashboard/agent.py", "dashboard agent"),
