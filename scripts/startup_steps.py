@@ -5,6 +5,9 @@ functions (nothing else changes): the imports, `prepare` (storage checks, listin
 `start_local_ray` (ray.init, in whichever thread runs it), `LocalRayStart.wait`, `_pipeline`,
 the first commit row, and the first committed manifest's modification time. Works on older
 commits too (PYTHONPATH=DIR of a `git archive`): a wrapper whose function is absent is skipped.
+For a node this process started, the node's own steps too, from its session folder: when each
+process wrote its port file, when the raylet came up and started its prestarted workers, when
+they registered, and when the driver's registration was answered (Ray holds it for them).
 
     .venv/bin/python scripts/startup_steps.py SPEC.yaml   # the output should not exist yet
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import re
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -81,14 +86,57 @@ def main() -> None:
     spec = sys.argv[1]
     with open(spec) as file:
         out = yaml.safe_load(file)["output"]["uri"]
+    sessions: list[str] = []
+    start_local_ray = getattr(job, "start_local_ray", None)
+    if start_local_ray is not None:
+
+        def recorded(*args, **kwargs):
+            start_local_ray(*args, **kwargs)
+            import ray
+
+            sessions.append(ray._private.worker._global_node.get_session_dir_path())
+
+        job.start_local_ray = recorded
     try:
         cli.main(["run", spec, "--json"], standalone_mode=False)
     finally:
         commits = sorted(map(os.path.getmtime, glob.glob(f"{out}/manifests/*.parquet")))
         if commits:
             marks.append((commits[0] - T0, "first manifest on disk (start-up)"))
+        for session in sessions:
+            marks.extend(node_marks(Path(session)))
         for at, name in sorted(marks):
             print(f"{at:7.2f}  {name}", file=sys.stderr)
+
+
+# A line of Ray's C++ logs: "[2026-12-06 18:27:19,438 I 6610 6616] file.cc:144: message"
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z] [^]]*\] (.*)$")
+NODE_EVENTS = {  # (log file pattern, what a line says) -> the mark's name
+    ("raylet.out", "Raylet of id"): "node: raylet up",
+    ("raylet.out", "Started worker process"): "node: raylet starts a prestarted worker",
+    ("python-core-worker-*.log", "worker server started"): "node: a worker registers",
+    ("python-core-driver-*.log", "Constructing CoreWorkerProcess"): "node: driver asks to register",
+    ("python-core-driver-*.log", "driver server started"): "node: driver registered",
+}
+
+
+def node_marks(session: Path) -> list[tuple[float, str]]:
+    """The node's steps, seconds from this process's start: its port files' modification times,
+    and the first line of each NODE_EVENTS kind in each log file."""
+    found = [
+        (path.stat().st_mtime - T0, f"node: {path.name.rsplit('_port', 1)[0]} port written")
+        for path in session.glob("*_port_*")
+    ]
+    for (pattern, says), name in NODE_EVENTS.items():
+        for log in sorted((session / "logs").glob(pattern)):
+            for line in log.read_text(errors="replace").splitlines():
+                matched = LOG_LINE.match(line)
+                if matched and says in matched.group(2):
+                    stamp = datetime.strptime(matched.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                    found.append((stamp.timestamp() - T0, name))
+                    if pattern != "raylet.out":
+                        break
+    return found
 
 
 if __name__ == "__main__":
