@@ -113,7 +113,7 @@ def main() -> None:
 LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z] [^]]*\] (.*)$")
 NODE_EVENTS = {  # (log file pattern, what a line says) -> the mark's name
     ("raylet.out", "Raylet of id"): "node: raylet up",
-    ("raylet.out", "Started worker process"): "node: raylet starts a prestarted worker",
+    ("raylet.out", "Started worker process"): "node: raylet starts a worker",
     ("python-core-worker-*.log", "worker server started"): "node: a worker registers",
     ("python-core-driver-*.log", "Constructing CoreWorkerProcess"): "node: driver asks to register",
     ("python-core-driver-*.log", "driver server started"): "node: driver registered",
@@ -122,7 +122,7 @@ NODE_EVENTS = {  # (log file pattern, what a line says) -> the mark's name
 
 def node_marks(session: Path) -> list[tuple[float, str]]:
     """The node's steps, seconds from this process's start: its port files' modification times,
-    and the first line of each NODE_EVENTS kind in each log file."""
+    and each line of a NODE_EVENTS kind (once a process, but for the raylet's workers)."""
     found = [
         (path.stat().st_mtime - T0, f"node: {path.name.rsplit('_port', 1)[0]} port written")
         for path in session.glob("*_port_*")
@@ -134,8 +134,6 @@ def node_marks(session: Path) -> list[tuple[float, str]]:
                 if matched and says in matched.group(2):
                     stamp = datetime.strptime(matched.group(1), "%Y-%m-%d %H:%M:%S,%f")
                     found.append((stamp.timestamp() - T0, name))
-                    if pattern != "raylet.out":
-                        break
     return found
 
 
