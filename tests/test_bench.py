@@ -201,3 +201,13 @@ def test_augment_only_runs_every_recipe_and_views_on_the_cpu_without_ray(tmp_pat
             assert result["samples"] == 24 and result["quarantined"] == 0, (views, recipe)
             assert result["views"] == int(views), (views, recipe)
             assert result["samples_per_second"] > 0, (views, recipe)
+
+
+def test_no_4n_runs_each_photo_set_at_n_only(benchmark_package: None) -> None:
+    """`--no-4n` runs N alone, as --quick does, at the N asked for: a 20,000-sample run of a
+    generated set without generating four times its photos."""
+    from benchmark.__main__ import parse_args, sizes
+
+    assert sizes(parse_args(["--photos", "varied"])) == [20_000, 80_000]
+    assert sizes(parse_args(["--photos", "varied", "--no-4n"])) == [20_000]
+    assert sizes(parse_args(["--quick", "--n", "40"])) == [40]

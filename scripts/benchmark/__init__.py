@@ -25,7 +25,7 @@ commit / (last commit - first commit). It is a benchmark, not a test: nothing he
 time. Issue 17's targets (rayaug / Albumentations, every recipe, at every views): >= 1.0x end
 to end and >= 1.2x in steady state at 20,000 samples.
 
-    scripts/bench [--recipe a,b,c,d] [--views 1,8] [--n 20000] [--quick]
+    scripts/bench [--recipe a,b,c,d] [--views 1,8] [--n 20000] [--quick | --no-4n]
                   [--photos bundled|varied|phone] [--input DIR]
                   [--only floor,albumentations,rayaug] [--s3] [--gpu] [--json FILE] [--keep]
     scripts/bench --augment-only [--device cpu|cuda] [--recipe ...] [--views ...] [--n N]
