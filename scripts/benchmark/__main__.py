@@ -199,7 +199,7 @@ def fresh_run_dir() -> Path:
 
 
 def inputs_for(args: argparse.Namespace, views: int, run_dir: Path) -> list[Photos]:
-    """The inputs at N and 4N samples for `views` (N / views sources), or the user's folder."""
+    """The inputs at each size (`sizes`) for `views` (N / views sources), or the user's folder."""
     if args.input:
         return [own_photos(args.input, run_dir)]
     return [photos_for(math.ceil(n / views), args.photos) for n in sizes(args)]
