@@ -111,29 +111,36 @@ def main() -> None:
 
 # A line of Ray's C++ logs: "[2026-12-06 18:27:19,438 I 6610 6616] file.cc:144: message"
 LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z] [^]]*\] (.*)$")
-NODE_EVENTS = {  # (log file pattern, what a line says) -> the mark's name
-    ("raylet.out", "Raylet of id"): "node: raylet up",
-    ("raylet.out", "Started worker process"): "node: raylet starts a worker",
-    ("python-core-worker-*.log", "worker server started"): "node: a worker registers",
-    ("python-core-driver-*.log", "Constructing CoreWorkerProcess"): "node: driver asks to register",
-    ("python-core-driver-*.log", "driver server started"): "node: driver registered",
+NODE_EVENTS = {  # log file pattern -> {what a line says: the mark's name}
+    "raylet.out": {
+        "Raylet of id": "node: raylet up",
+        "Started worker process": "node: raylet starts a worker",
+    },
+    "python-core-worker-*.log": {"worker server started": "node: a worker registers"},
+    "python-core-driver-*.log": {
+        "Constructing CoreWorkerProcess": "node: driver asks to register",
+        "driver server started": "node: driver registered",
+    },
 }
 
 
 def node_marks(session: Path) -> list[tuple[float, str]]:
     """The node's steps, seconds from this process's start: its port files' modification times,
-    and each line of a NODE_EVENTS kind (once a process, but for the raylet's workers)."""
+    and every line of its logs that says one of NODE_EVENTS' messages."""
     found = [
         (path.stat().st_mtime - T0, f"node: {path.name.rsplit('_port', 1)[0]} port written")
         for path in session.glob("*_port_*")
     ]
-    for (pattern, says), name in NODE_EVENTS.items():
+    for pattern, events in NODE_EVENTS.items():
         for log in sorted((session / "logs").glob(pattern)):
             for line in log.read_text(errors="replace").splitlines():
                 matched = LOG_LINE.match(line)
-                if matched and says in matched.group(2):
+                names = [
+                    name for says, name in events.items() if matched and says in matched.group(2)
+                ]
+                if names:  # the time parsed only for the few lines that count
                     stamp = datetime.strptime(matched.group(1), "%Y-%m-%d %H:%M:%S,%f")
-                    found.append((stamp.timestamp() - T0, name))
+                    found += [(stamp.timestamp() - T0, name) for name in names]
     return found
 
 
