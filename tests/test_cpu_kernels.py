@@ -113,6 +113,29 @@ def test_fused_warps_of_real_photos_are_kornias_to_the_level(then: str, photos) 
     assert np.mean([d.mean() for d in differences]) < 0.01
 
 
+@pytest.mark.parametrize("then", ["rotation", "affine"])
+def test_a_rotation_or_shear_keeps_warp_perspectives_bytes_on_this_opencv(then: str, photos):
+    """Outputs written before OpenCV 5's warpAffine was used for these maps stay resumable:
+    whichever warp runs, the bytes are warpPerspective's (the fingerprint names the OpenCV
+    version, not the call)."""
+    crop = CATALOGUE["random_resized_crop"](size=64, scale=[0.08, 1.0])
+    last = CATALOGUE[then](
+        **({"degrees": 15} if then == "rotation" else {"degrees": 10, "shear": [5, 5]})
+    )
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    for seed, photo in enumerate(photos):
+        pixels = np.array(Image.open(io.BytesIO(photo.jpeg)).convert("RGB"))
+        rng, matrix, canvas = np.random.default_rng(seed), np.eye(3), pixels.shape[:2]
+        for op in (crop, last):
+            step, canvas = op.matrix(op.draw(rng, canvas), canvas)
+            matrix = step @ matrix
+        assert (matrix[[0, 1], [1, 0]] != 0).all()
+        perspective = cv2.warpPerspective(
+            pixels, np.linalg.inv(matrix), canvas[::-1], flags=flags, borderMode=cv2.BORDER_CONSTANT
+        )
+        assert np.array_equal(cpu_kernels.warp(pixels, matrix, canvas), perspective)
+
+
 def test_a_flip_and_a_quarter_turn_land_where_numpy_puts_them() -> None:
     pixels = _picture(41, 41)
     flip, canvas = CATALOGUE["horizontal_flip"].matrix({}, (41, 41))
