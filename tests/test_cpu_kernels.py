@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 
 import cv2
 import kornia
@@ -92,20 +93,30 @@ def test_the_warp_is_kornias_rounded_to_8_bits(case: str) -> None:
     assert difference.max() < 0.6  # half a level: same taps, same weights, same padding
 
 
-@pytest.mark.parametrize("then", ["horizontal_flip", "rotation", "perspective"])
-def test_fused_warps_of_real_photos_are_kornias_to_the_level(then: str, photos) -> None:
-    """A random resized crop, then a flip (an axis-aligned map: OpenCV's warpAffine), a
-    rotation or a perspective (warpPerspective): Kornia's 8-bit result but for rare pixels one
-    level off."""
+def _cropped_then(
+    then: str, options: dict, photos
+) -> Iterator[tuple[np.ndarray, np.ndarray, tuple]]:
+    """Each photo's pixels with a random resized crop, then `then`, fused: (pixels, map,
+    canvas)."""
     crop = CATALOGUE["random_resized_crop"](size=64, scale=[0.08, 1.0])
-    last = CATALOGUE[then](**({"degrees": 15} if then == "rotation" else {}))
-    differences = []
+    last = CATALOGUE[then](**options)
     for seed, photo in enumerate(photos):
         pixels = np.array(Image.open(io.BytesIO(photo.jpeg)).convert("RGB"))
         rng, matrix, canvas = np.random.default_rng(seed), np.eye(3), pixels.shape[:2]
         for op in (crop, last):
             step, canvas = op.matrix(op.draw(rng, canvas), canvas)
             matrix = step @ matrix
+        yield pixels, matrix, canvas
+
+
+@pytest.mark.parametrize("then", ["horizontal_flip", "rotation", "perspective"])
+def test_fused_warps_of_real_photos_are_kornias_to_the_level(then: str, photos) -> None:
+    """A random resized crop, then a flip (an axis-aligned map: OpenCV's warpAffine), a
+    rotation (warpAffine on OpenCV 5, else warpPerspective) or a perspective (warpPerspective):
+    Kornia's 8-bit result but for rare pixels one level off."""
+    differences = []
+    options = {"degrees": 15} if then == "rotation" else {}
+    for pixels, matrix, canvas in _cropped_then(then, options, photos):
         assert (matrix[[0, 1], [1, 0]] == 0).all() == (then == "horizontal_flip")
         theirs = np.clip(np.round(_kornia_warp(pixels, matrix, canvas)), 0, 255)
         differences.append(np.abs(cpu_kernels.warp(pixels, matrix, canvas) - theirs))
@@ -113,22 +124,18 @@ def test_fused_warps_of_real_photos_are_kornias_to_the_level(then: str, photos) 
     assert np.mean([d.mean() for d in differences]) < 0.01
 
 
-@pytest.mark.parametrize("then", ["rotation", "affine"])
-def test_a_rotation_or_shear_keeps_warp_perspectives_bytes_on_this_opencv(then: str, photos):
+@pytest.mark.parametrize(
+    ("then", "options"),
+    [("rotation", {"degrees": 15}), ("affine", {"degrees": 10, "shear": [5, 5]})],
+)
+def test_a_rotation_or_shear_keeps_warp_perspectives_bytes_on_this_opencv(
+    then: str, options: dict, photos
+) -> None:
     """Outputs written before OpenCV 5's warpAffine was used for these maps stay resumable:
     whichever warp runs, the bytes are warpPerspective's (the fingerprint names the OpenCV
     version, not the call)."""
-    crop = CATALOGUE["random_resized_crop"](size=64, scale=[0.08, 1.0])
-    last = CATALOGUE[then](
-        **({"degrees": 15} if then == "rotation" else {"degrees": 10, "shear": [5, 5]})
-    )
     flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
-    for seed, photo in enumerate(photos):
-        pixels = np.array(Image.open(io.BytesIO(photo.jpeg)).convert("RGB"))
-        rng, matrix, canvas = np.random.default_rng(seed), np.eye(3), pixels.shape[:2]
-        for op in (crop, last):
-            step, canvas = op.matrix(op.draw(rng, canvas), canvas)
-            matrix = step @ matrix
+    for pixels, matrix, canvas in _cropped_then(then, options, photos):
         assert (matrix[[0, 1], [1, 0]] != 0).all()
         perspective = cv2.warpPerspective(
             pixels, np.linalg.inv(matrix), canvas[::-1], flags=flags, borderMode=cv2.BORDER_CONSTANT
