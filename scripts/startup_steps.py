@@ -135,9 +135,9 @@ def node_marks(session: Path) -> list[tuple[float, str]]:
         for log in sorted((session / "logs").glob(pattern)):
             for line in log.read_text(errors="replace").splitlines():
                 matched = LOG_LINE.match(line)
-                names = [
-                    name for says, name in events.items() if matched and says in matched.group(2)
-                ]
+                if matched is None:
+                    continue
+                names = [name for says, name in events.items() if says in matched.group(2)]
                 if names:  # the time parsed only for the few lines that count
                     stamp = datetime.strptime(matched.group(1), "%Y-%m-%d %H:%M:%S,%f")
                     found += [(stamp.timestamp() - T0, name) for name in names]
