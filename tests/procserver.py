@@ -7,16 +7,15 @@ data), stop, restart on the same port and data directory.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from s3server import _die_with_parent
+from ports import free_port
+from s3server import _die_with_parent, exited
 
 
 def _server_process() -> None:
@@ -25,20 +24,6 @@ def _server_process() -> None:
     ignored, and a server that shuts down on SIGINT would not)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports: every socket stays open until all are chosen
-    (closed one by one, two calls can return the same port)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 class ProcessServer:
@@ -95,7 +80,7 @@ class ProcessServer:
         deadline = time.monotonic() + timeout
         while not ready():
             if not self.running:
-                raise RuntimeError(f"{self.name} exited; see {log}")
+                raise exited(self.name, log)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not ready after {timeout:g} s; see {log}")
             time.sleep(0.1)

@@ -1,8 +1,8 @@
 """A real SeaweedFS S3 server on loopback, for tests (not a test module).
 
 `weed mini` runs master, volume, filer, S3 gateway, admin server and a maintenance worker
-in one process. Every port it opens is pinned to a free 127.0.0.1 port chosen here, so two
-servers never collide and nothing binds 0.0.0.0. Data, logs and local sockets live under
+in one process. Every port it opens is pinned to a free 127.0.0.1 port from tests/ports.py, so
+two servers never collide and nothing binds 0.0.0.0. Data, logs and local sockets live under
 `root` (weed puts its gRPC sockets in /tmp, named by port, and they are removed on stop), so
 `restart()` (same directory, same ports) brings every object back, even after `kill()`.
 """
@@ -15,14 +15,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from pathlib import Path
 
+from ports import free_ports
 from pyarrow import fs
 
 # The component ports `weed mini` accepts (see `weed mini -h`); each gets its own free port.
@@ -37,6 +37,7 @@ _PORT_FLAGS = (
     "s3.port.grpc",
 )
 _GRPC_SOCKETS = ("master", "volume", "filer", "s3", "admin")
+_ADMIN_GRPC_OFFSET = 10000
 
 
 def weed_binary() -> str:
@@ -54,29 +55,13 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def _free_ports(count: int) -> tuple[list[int], int]:
-    """`count` distinct free loopback ports, plus an admin port P whose P+10000 is free too.
-
-    The embedded worker dials the admin gRPC port at admin.port + 10000 whatever
-    -admin.port.grpc says, so that port must be ours as well.
-    """
-    with ExitStack() as stack:  # hold every socket open until all are chosen: no duplicates
-
-        def grab(port: int = 0) -> int:
-            sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", port))
-            return sock.getsockname()[1]
-
-        ports = [grab() for _ in range(count)]
-        for _ in range(100):
-            admin = grab()
-            if admin + 10000 <= 65535:
-                try:
-                    grab(admin + 10000)
-                    return ports, admin
-                except OSError:
-                    pass
-    raise RuntimeError("no free port pair for the SeaweedFS admin server")
+def exited(name: str, log: Path) -> RuntimeError:
+    """The error for a server that died while starting: its log's fatal line (Go's glog
+    writes "F<date> ...", Node's its message last), so CI output shows why."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    fatal = [line for line in lines if line[:1] == "F" and line[1:5].isdigit()]
+    reason = (fatal or lines or ["(empty log)"])[-1].strip()
+    return RuntimeError(f"{name} exited: {reason}; see {log}")
 
 
 class SeaweedS3:
@@ -88,9 +73,11 @@ class SeaweedS3:
         self.root = Path(root)
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(16)
-        ports, admin = _free_ports(len(_PORT_FLAGS))
+        # The embedded worker dials the admin gRPC port at admin.port + 10000 whatever
+        # -admin.port.grpc says, so that port must be free as well.
+        *ports, admin = free_ports(len(_PORT_FLAGS) + 1, also_free_at=_ADMIN_GRPC_OFFSET)
         self.ports: dict[str, int] = dict(zip(_PORT_FLAGS, ports, strict=True))
-        self.ports |= {"admin.port": admin, "admin.port.grpc": admin + 10000}
+        self.ports |= {"admin.port": admin, "admin.port.grpc": admin + _ADMIN_GRPC_OFFSET}
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -197,7 +184,7 @@ class SeaweedS3:
         deadline = time.monotonic() + timeout
         while True:
             if not self.running:
-                raise RuntimeError(f"weed exited; see {log}")
+                raise exited("weed", log)
             if self._answers(probe):
                 return
             if time.monotonic() > deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,25 @@ def test_wrong_secret_key_is_refused(tmp_path: Path) -> None:
             intruder.get_file_info(fs.FileSelector("bkt", recursive=True))
         with pytest.raises(OSError):
             intruder.open_input_stream("bkt/k").read()
+
+
+def test_ports_lie_below_the_ephemeral_range_so_no_port_zero_bind_can_take_them(
+    tmp_path: Path,
+) -> None:
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    server = SeaweedS3(tmp_path / "weed")
+    assert len(set(server.ports.values())) == len(server.ports)
+    assert all(20000 <= port < first_ephemeral for port in server.ports.values())
+
+
+def test_a_port_taken_before_weed_binds_it_fails_start_with_weeds_reason(tmp_path: Path) -> None:
+    server = SeaweedS3(tmp_path / "weed")
+    port = server.ports["s3.port"]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        # weed checks its ports first ("not available"); a port taken later kills it in bind
+        reason = f"port {port} for S3 .* not available|127.0.0.1:{port}: bind: address already"
+        with pytest.raises(RuntimeError, match=f"weed exited: .*({reason})"):
+            server.start(timeout=30)
+    assert not server.running

@@ -21,6 +21,7 @@ import pytest
 from azureserver import Azurite
 from conftest import BUCKET, CLOUDS
 from gcsserver import GcsEmulator
+from ports import free_port
 from s3server import SeaweedS3
 
 from rayaug import storage
@@ -394,17 +395,11 @@ def test_unknown_access_key_is_a_credentials_error(
         location.list()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_unreachable_endpoint_is_a_fast_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "nothing")
-    port = _closed_port()
+    port = free_port()  # nothing listens there
     endpoint = f"http://127.0.0.1:{port}"
     location = open_location(
         f"s3://{BUCKET}/in", StorageSpec(endpoint=endpoint, region="us-east-1", retries=0)

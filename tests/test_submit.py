@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from azureserver import Azurite
-from procserver import free_port, free_ports
+from ports import free_port, free_ports
 
 from rayaug import sampledata, submit
 from rayaug.errors import UsageError

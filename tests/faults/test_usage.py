@@ -10,7 +10,6 @@ environment, since credentials come from the process environment.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 from conftest import BUCKET
+from ports import free_port
 
 from faults import hostile
 from rayaug import commit
@@ -69,13 +69,6 @@ def assert_refused(code: int, returned: int, stderr: str, stdout: str, words: li
 
 def assert_cli_refused(result: Result, code: int, words: list[str]) -> None:
     assert_refused(code, result.exit_code, result.stderr, result.stdout, words)
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -252,7 +245,7 @@ CASES: dict[str, Case] = {
                     spec_data(
                         _s3(t),
                         t / "out",
-                        storage={"endpoint": f"http://127.0.0.1:{closed_port()}", "retries": 0},
+                        storage={"endpoint": f"http://127.0.0.1:{free_port()}", "retries": 0},
                     ),
                 )
             ),
