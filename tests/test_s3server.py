@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -46,13 +47,14 @@ def test_wrong_secret_key_is_refused(tmp_path: Path) -> None:
             intruder.open_input_stream("bkt/k").read()
 
 
-def test_ports_lie_below_the_ephemeral_range_so_no_port_zero_bind_can_take_them(
-    tmp_path: Path,
-) -> None:
+def test_ports_lie_below_the_ephemeral_range_in_this_workers_own_class(tmp_path: Path) -> None:
+    """No process binding port 0 can take them, nor another pytest worker's server."""
     first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     server = SeaweedS3(tmp_path / "weed")
     assert len(set(server.ports.values())) == len(server.ports)
     assert all(20000 <= port < first_ephemeral for port in server.ports.values())
+    assert {port % 16 for port in server.ports.values()} == {worker % 16}
 
 
 def test_a_port_taken_before_weed_binds_it_fails_start_with_weeds_reason(tmp_path: Path) -> None:
