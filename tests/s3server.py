@@ -56,8 +56,8 @@ def _die_with_parent() -> None:
 
 
 def exited(name: str, log: Path) -> RuntimeError:
-    """The error for a server that died while starting: its log's fatal line (Go's glog
-    writes "F<date> ...", Node's its message last), so CI output shows why."""
+    """The error for a server that died while starting, with the reason from its log (weed's
+    glog fatal line, "F<date> ..."; for another server its last line), so CI output shows why."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     fatal = [line for line in lines if line[:1] == "F" and line[1:5].isdigit()]
     reason = (fatal or lines or ["(empty log)"])[-1].strip()
