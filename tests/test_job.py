@@ -283,6 +283,19 @@ def test_an_embedded_run_starts_only_its_pool_actors(photo_folder: Path, tmp_pat
     assert report["actors"] == ["MapWorker(MapBatches(_ShardStage))"]
 
 
+def test_the_local_rays_workers_run_at_the_drivers_priority(ray_cluster: str) -> None:
+    """Ray renices its workers by 15. On a machine rayaug shares, a busy process then took
+    nearly all of the pool actors' CPU: 33 samples/s beside three busy processes on two cores,
+    552 at the driver's priority. The Ray that rayaug starts keeps its workers there."""
+    import ray
+
+    @ray.remote
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)
+
+
 def test_same_bytes_whatever_batch_size_actor_count_and_overlap(
     ray_cluster: str, photo_folder: Path, tmp_path: Path
 ) -> None:
