@@ -551,9 +551,9 @@ def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
 # - the workers the raylet starts ahead (one per CPU, which the pool's actors then take) import
 #   Ray Data and the stage's module as they start, while the driver still builds its pipeline,
 #   rather than once they are given an actor: first commit 0.25 s earlier (six paired runs);
-# - workers at the driver's own priority: Ray renices them by 15, so that on a machine it
-#   shares, any busy process took nearly all of the CPU from the pool's actors (20,000 views
-#   at 33 samples/s beside three busy processes on two cores, 552 at the same priority).
+# - workers at the driver's own priority: Ray renices them by 15, and on a machine the job
+#   shares any busy process then took nearly all of the pool actors' CPU (20,000 views at 33
+#   samples/s beside three busy processes on two cores, 552 at the driver's priority).
 LOCAL_SYSTEM_CONFIG = {
     "enable_metrics_collection": False,
     "preload_python_modules": ["ray.data", "rayaug.job"],

@@ -214,7 +214,7 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
 
     from rayaug import sampledata
 
-    sources, views = 96, 16
+    sources, views, shard_size = 96, 16, 4
     sampledata.write_folder(
         list(sampledata.make_photos(sources, seed=3, short_side=(64, 96))), tmp_path / "input"
     )
@@ -226,7 +226,7 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
     blur = {"name": "gaussian_blur", "kernel_size": 23, "sigma": [1, 2]}
     ops = [{**OPS[0], "size": 384}, *OPS[1:], blur]
     spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", out, views=views, ops=ops)
-    spec.write_text(spec.read_text().replace("shard_size: 8", "shard_size: 4"))
+    spec.write_text(spec.read_text().replace("shard_size: 8", f"shard_size: {shard_size}"))
     rayaug_bin = Path(sys.executable).parent / "rayaug"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run = subprocess.Popen(
@@ -254,7 +254,7 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
     assert "Aborted!" not in stderr and "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     committed = len(list((out / "manifests").glob("*.parquet")))
-    assert 1 <= committed < sources // 4, last
+    assert 1 <= committed < sources // shard_size, last
     assert last.startswith("interrupted: ") and f"rayaug resume {out}" in last, stderr
     counted = re.search(r"\((\d+) counted before the stop\)", last)
     assert counted and int(counted.group(1)) <= committed  # a writer may commit as it stops
