@@ -225,8 +225,14 @@ def test_ctrl_c_keeps_committed_shards_and_says_how_to_resume(tmp_path: Path) ->
     # CI machine once saw every shard committed before the stop took effect.
     blur = {"name": "gaussian_blur", "kernel_size": 23, "sigma": [1, 2]}
     ops = [{**OPS[0], "size": 384}, *OPS[1:], blur]
-    spec = write_spec(tmp_path / "job.yaml", tmp_path / "input", out, views=views, ops=ops)
-    spec.write_text(spec.read_text().replace("shard_size: 8", f"shard_size: {shard_size}"))
+    spec = write_spec(
+        tmp_path / "job.yaml",
+        tmp_path / "input",
+        out,
+        output={"uri": str(out), "shard_size": shard_size},
+        views=views,
+        ops=ops,
+    )
     rayaug_bin = Path(sys.executable).parent / "rayaug"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run = subprocess.Popen(
