@@ -121,6 +121,7 @@ class _Item:
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: NO_WARP)
     targets: Targets | None = None  # as read, in source pixels
+    steps_done: int = 0  # `applied[:steps_done]` already run (see Augmenter._warp_leading)
     # Each mix step's partners (by index in `applied`), fetched before the pixels run
     partners: dict[int, list[tuple[SourceSample, mixes.Layer]]] = field(default_factory=dict)
     # Where the targets stand: a mix moves them early, onto the canvas it mixes on; the ops
@@ -138,6 +139,7 @@ class _Item:
         """Back to the decoded source (ops return new tensors, so the original is intact)."""
         self.image, self.canvas, self.pending, self.targets, planned = self._start
         self.applied = list(planned)
+        self.steps_done = 0
         self.targets_canvas, self.targets_from = self.source_size, 0
         self.labels = {self.label: 1.0}
 
@@ -267,7 +269,26 @@ class Augmenter:
                     lambda v=view: self._views(source, seeds.only(v), streams),
                 )
                 items += alone or []
-        return [item for item in items if self._with_partners(item, output)]
+        return [
+            item
+            for item in items
+            if self._with_partners(item, output) and self._warp_leading(item, output)
+        ]
+
+    def _warp_leading(self, item: _Item, output: ShardOutput) -> bool:
+        """On the CPU path, the geometric ops before the view's first other op, warped as soon
+        as its source is decoded, while the decoded pixels are still in the cache: warped with
+        the rest of its batch, after the batch's other decodes, they were read back from
+        memory (the same bytes either way). False when that fails: quarantined."""
+        if not self.uint8_path:  # the device warps a batch's samples of one size in one call
+            return True
+        for step in item.applied:
+            if not issubclass(step.op, GeometricOp):
+                break
+            _compose(item, step)
+            item.steps_done += 1
+        done = _attempt(output, item.source_key, item.view, "augment", lambda: _warp([item]))
+        return done is not None
 
     def _views(self, source: SourceSample, seeds: _Seeds, streams: Streams) -> list[_Item]:
         """The source opened once, each view's ops drawn from its own seed (the streams seeded
@@ -342,7 +363,7 @@ class Augmenter:
         # so the ops of one position may run in any order.
         by_step: dict[tuple[tuple[int, int], str], list[tuple[_Item, Applied]]] = defaultdict(list)
         for item in items:
-            for step in item.applied:
+            for step in item.applied[item.steps_done :]:
                 by_step[step.position, step.name].append((item, step))
         for key in sorted(by_step):
             self._run_step(by_step[key])
@@ -353,8 +374,7 @@ class Augmenter:
         op = steps[0][1].op
         if issubclass(op, GeometricOp):  # composed now, warped before the next other op
             for item, step in steps:
-                matrix, item.canvas = op.matrix(step.params, item.canvas)
-                item.pending = matrix @ item.pending
+                _compose(item, step)
             return
         _warp([item for item, _ in steps])
         if issubclass(op, MixOp):
@@ -506,6 +526,12 @@ def _same_form(layers: list[mixes.Layer], tiles: dict[int, Tile]) -> list[mixes.
 def _as_tensor(image: Image) -> torch.Tensor:
     """The torch form of an image (a CPU-path array becomes a CPU tensor)."""
     return _upload(image, "cpu") if isinstance(image, np.ndarray) else image
+
+
+def _compose(item: _Item, step: Applied) -> None:
+    """A geometric step joins the item's pending warp (and moves its logical canvas)."""
+    matrix, item.canvas = step.op.matrix(step.params, item.canvas)
+    item.pending = matrix @ item.pending
 
 
 def _warp(items: list[_Item]) -> None:

@@ -398,6 +398,28 @@ def test_an_op_failing_for_one_sample_quarantines_only_that_sample(
     assert _hashes(alone).items() <= _hashes(output).items()
 
 
+def test_a_failing_warp_quarantines_only_the_samples_it_fails(
+    reference: ShardOutput, photos, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the CPU path a view's first warp runs as its source is decoded, outside its batch
+    culprit = photos[1].key
+    warp = augment._warp
+
+    def failing(items: list) -> None:
+        if any(item.source_key == culprit for item in items):
+            raise RuntimeError("the warp failed")
+        warp(items)
+
+    monkeypatch.setattr(augment, "_warp", failing)
+    output = Augmenter(_spec(), device).augment(_sources(photos))
+    assert [(q.source_key, q.view, q.stage, q.error_class) for q in output.quarantined] == [
+        (culprit, 0, "augment", "RuntimeError"),
+        (culprit, 1, "augment", "RuntimeError"),
+    ]
+    others = {s.sample_id: s.sha256 for s in reference.samples if s.source_key != culprit}
+    assert _hashes(output) == others
+
+
 def test_perspective_on_a_one_pixel_high_image_is_quarantined_not_raised(device: str) -> None:
     line = SourceSample("line.png", "mem://", _encode(Image.new("RGB", (9, 1), "white")))
     square = SourceSample("square.png", "mem://", _encode(Image.new("RGB", (9, 9), "white")))
