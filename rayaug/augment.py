@@ -121,7 +121,7 @@ class _Item:
     canvas: Canvas  # the logical size once `pending` is warped
     pending: np.ndarray = field(default_factory=lambda: NO_WARP)
     targets: Targets | None = None  # as read, in source pixels
-    steps_done: int = 0  # `applied[:steps_done]` already run (see Augmenter._warp_leading)
+    steps_done: int = 0  # `applied[:steps_done]` already run (see _warp_leading)
     # Each mix step's partners (by index in `applied`), fetched before the pixels run
     partners: dict[int, list[tuple[SourceSample, mixes.Layer]]] = field(default_factory=dict)
     # Where the targets stand: a mix moves them early, onto the canvas it mixes on; the ops
@@ -272,22 +272,16 @@ class Augmenter:
         return [
             item
             for item in items
-            if self._with_partners(item, output) and self._warp_leading(item, output)
+            if self._with_partners(item, output) and self._with_leading_warp(item, output)
         ]
 
-    def _warp_leading(self, item: _Item, output: ShardOutput) -> bool:
-        """On the CPU path, the geometric ops before the view's first other op, warped as soon
-        as its source is decoded, while the decoded pixels are still in the cache: warped with
-        the rest of its batch, after the batch's other decodes, they were read back from
-        memory (the same bytes either way). False when that fails: quarantined."""
-        if not self.uint8_path:  # the device warps a batch's samples of one size in one call
+    def _with_leading_warp(self, item: _Item, output: ShardOutput) -> bool:
+        """On the CPU path, the view's leading geometric ops warped now (see `_warp_leading`);
+        the device warps a batch's samples of one size in one call. False when that fails:
+        the view is quarantined."""
+        if not self.uint8_path:
             return True
-        for step in item.applied:
-            if not issubclass(step.op, GeometricOp):
-                break
-            _compose(item, step)
-            item.steps_done += 1
-        done = _attempt(output, item.source_key, item.view, "augment", lambda: _warp([item]))
+        done = _attempt(output, item.source_key, item.view, "augment", lambda: _warp_leading(item))
         return done is not None
 
     def _views(self, source: SourceSample, seeds: _Seeds, streams: Streams) -> list[_Item]:
@@ -532,6 +526,19 @@ def _compose(item: _Item, step: Applied) -> None:
     """A geometric step joins the item's pending warp (and moves its logical canvas)."""
     matrix, item.canvas = step.op.matrix(step.params, item.canvas)
     item.pending = matrix @ item.pending
+
+
+def _warp_leading(item: _Item) -> None:
+    """The geometric ops before the view's first other op, warped as soon as its source is
+    decoded, while the decoded pixels are still in the cache: warped with the rest of its
+    batch, after the batch's other decodes, they were read back from memory (the same bytes
+    either way: a warp is per sample)."""
+    for step in item.applied:
+        if not issubclass(step.op, GeometricOp):
+            break
+        _compose(item, step)
+        item.steps_done += 1
+    _warp([item])
 
 
 def _warp(items: list[_Item]) -> None:
