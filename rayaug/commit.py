@@ -64,6 +64,24 @@ def committed_shards(out: Location) -> set[str]:
     }
 
 
+def settled_committed_shards(
+    out: Location, quiet_s: float = 1.0, limit_s: float = 10.0
+) -> set[str]:
+    """The committed shards once none has arrived for `quiet_s` (or after `limit_s`).
+
+    Ray kills a stopped run's writers asynchronously: a commit already under way when the
+    driver stopped them can land a moment later, after a single listing."""
+    deadline = time.monotonic() + limit_s
+    committed = committed_shards(out)
+    while time.monotonic() + quiet_s <= deadline:
+        time.sleep(quiet_s)
+        again = committed_shards(out)
+        if again == committed:
+            break
+        committed = again
+    return committed
+
+
 def orphans(out: Location, keep: set[str], data: str = "data") -> list[str]:
     """Objects under the `data` folder (and its view folders, `data/view=E/`) and errors/
     that no manifest vouches for: left by a crash (or a partial local write), never counted,

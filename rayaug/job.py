@@ -283,7 +283,7 @@ class _Run:
         after the last row the driver read count too, so that the progress and the message
         agree with `rayaug status`."""
         before = self.tally.samples + self.tally.quarantined
-        committed = commit.committed_shards(self.out)
+        committed = commit.settled_committed_shards(self.out)
         tally = _count_committed(self.plan, self.out, committed)
         tally.new_samples = self.tally.new_samples + tally.samples + tally.quarantined - before
         self.tally = tally

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -45,6 +47,37 @@ def test_committed_shards_are_exactly_the_manifests(out: Location) -> None:
     out.write_bytes("manifests/part-00009.parquet.tmp-0123abcd", b"half a manifest")
     assert commit.committed_shards(out) == {"part-00000", "part-00001"}
     assert out.read_bytes(commit.manifest_path("part-00001")) == b"manifest 1"
+
+
+def test_the_settled_count_takes_in_a_commit_that_lands_just_after_a_stop(out: Location) -> None:
+    """A writer Ray was told to kill may still commit a moment later: the count waits for it."""
+    commit.commit_shard(out, "part-00000", b"manifest 0")
+    late = threading.Timer(0.3, commit.commit_shard, (out, "part-00001", b"manifest 1"))
+    late.start()
+    try:
+        assert commit.settled_committed_shards(out, quiet_s=0.5) == {"part-00000", "part-00001"}
+    finally:
+        late.join()
+
+
+def test_the_settled_count_ends_at_its_limit_while_commits_keep_arriving(out: Location) -> None:
+    stop = threading.Event()
+
+    def keep_committing() -> None:
+        for number in itertools.count():
+            if stop.wait(0.05):
+                return
+            commit.commit_shard(out, f"part-{number:05d}", b"manifest")
+
+    writer = threading.Thread(target=keep_committing)
+    writer.start()
+    started = time.monotonic()
+    try:
+        assert commit.settled_committed_shards(out, quiet_s=0.2, limit_s=1.0)
+    finally:
+        stop.set()
+        writer.join()
+    assert time.monotonic() - started < 1.5
 
 
 def test_orphans_are_data_and_errors_without_a_manifest(out: Location) -> None:
