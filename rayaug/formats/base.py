@@ -16,7 +16,7 @@ import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -226,6 +226,14 @@ class OutputFormat:
         return []
 
 
+class Encoded(NamedTuple):
+    """A data object's bytes, and where each of its samples starts in them (and where the last
+    ends), or None where the format's samples cannot be read apart."""
+
+    data: bytes
+    spans: list[int] | None
+
+
 class ShardFile(OutputFormat):
     """An output format that writes each shard as one object per view,
     `data/view=<view>/<shard>.<extension>` (by_view), or one object, `data/<shard>.<extension>`
@@ -238,17 +246,12 @@ class ShardFile(OutputFormat):
         folder = self.folder if view is None else f"{self.folder}/view={view}"
         return f"{folder}/{shard}.{self.extension}"
 
-    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
+    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> Encoded:
         raise NotImplementedError
 
     def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
         """sample_id → image (or mask) of an object's bytes, or of some of its samples' spans."""
         raise NotImplementedError
-
-    def spans(self, data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
-        """Where each sample of an encoded object (`data`, of `samples`, in order) starts (and
-        the last ends); None when the format's samples cannot be read apart."""
-        return None
 
     def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
         """The images of consecutive samples from one ranged read of their spans (`spans`:
@@ -266,9 +269,9 @@ class ShardFile(OutputFormat):
         objects = []
         for view, group in view_groups(samples, by_view):
             path = self.data_path(shard, view)
-            data = self.encode(group, shard, output)
-            out.write_bytes(path, data)
-            objects.append(DataObject(path, view, len(group), self.spans(data, group)))
+            encoded = self.encode(group, shard, output)
+            out.write_bytes(path, encoded.data)
+            objects.append(DataObject(path, view, len(group), encoded.spans))
         return objects_record(objects)
 
     def objects(self, shard: str, metadata: dict[str, str]) -> list[DataObject]:

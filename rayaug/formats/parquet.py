@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from rayaug.errors import UsageError
 from rayaug.formats.base import (
     TARGET_COLUMNS,
+    Encoded,
     InputFormat,
     PositionReader,
     ShardFile,
@@ -90,7 +91,7 @@ class ParquetOutput(ShardFile):
     name = "parquet"
     extension = "parquet"
 
-    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> bytes:
+    def encode(self, samples: list[AugmentedSample], shard: str, output: OutputSpec) -> Encoded:
         # Encoded images do not compress: zstd over them would only cost CPU. No `view`
         # column: by_view's folders `data/view=E/` are its hive partition (a reader of `data/`
         # as one dataset would refuse a column of the same name).
@@ -107,28 +108,8 @@ class ParquetOutput(ShardFile):
             data_page_size=1 << 40,  # one page: no page header between two images
             data_page_version="1.0",
         )
-        return buffer.getvalue()
-
-    def spans(self, data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
-        """Where each image's 4-byte length starts, and where the last image ends: each of
-        `samples`' images found in the bytes themselves, in order, so a page boundary, or a
-        writer that laid them out otherwise, gives None (the object is then read whole),
-        never a wrong span. The images are those just written, not read back from `data`."""
-        images = [sample.image for sample in samples]
-        if not images or any(image is None for image in images):
-            return None
-        first = struct.pack("<I", len(images[0])) + images[0]
-        at = data.find(first)
-        if at < 0:
-            return None
-        starts = []
-        for image in images:
-            value = struct.pack("<I", len(image)) + image
-            if data[at : at + len(value)] != value:
-                return None
-            starts.append(at)
-            at += len(value)
-        return [*starts, at]
+        data = buffer.getvalue()
+        return Encoded(data, _spans(data, samples))
 
     def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
         """Each span of a run is an image's 4-byte length and its bytes."""
@@ -143,6 +124,28 @@ class ParquetOutput(ShardFile):
     def decode(self, data: bytes, output: OutputSpec, masks: bool) -> dict[str, bytes]:
         column = "mask" if masks else "image"
         return images_of(pq.read_table(io.BytesIO(data), columns=["sample_id", column]), masks)
+
+
+def _spans(data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
+    """Where each image's 4-byte length starts, and where the last image ends: each of
+    `samples`' images found in the bytes themselves, in order, so a page boundary, or a
+    writer that laid them out otherwise, gives None (the object is then read whole),
+    never a wrong span. The images are those just written, not read back from `data`."""
+    images = [sample.image for sample in samples]
+    if not images or any(image is None for image in images):
+        return None
+    first = struct.pack("<I", len(images[0])) + images[0]
+    at = data.find(first)
+    if at < 0:
+        return None
+    starts = []
+    for image in images:
+        value = struct.pack("<I", len(image)) + image
+        if data[at : at + len(value)] != value:
+            return None
+        starts.append(at)
+        at += len(value)
+    return [*starts, at]
 
 
 INPUT = ParquetInput()
