@@ -130,7 +130,9 @@ class AugmentedSample:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.image).hexdigest()
+        if isinstance(self.encoded, bytes):
+            return hashlib.sha256(self.encoded).hexdigest()
+        return self.encoded.sha256  # taken as the spill file took the bytes
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ the start, so a killed actor leaves nothing behind.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ class SpillFile:
         self._end = 0
 
     def hold(self, data: bytes) -> Spilled:
-        """Append `data`; returns where it is."""
+        """Append `data`; returns where it is, with its sha256 (taken now, while the bytes are
+        in memory: the manifest needs it, and a read back would cost a copy)."""
         at, view = self._end, memoryview(data)
         try:
             while view:
@@ -40,7 +42,7 @@ class SpillFile:
                 self._end = at + len(data) - len(view)
         except OSError as error:
             raise self._cannot_hold(error) from error
-        return Spilled(self, at, len(data))
+        return Spilled(self, at, len(data), hashlib.sha256(data).hexdigest())
 
     def _cannot_hold(self, error: OSError) -> RayaugError:
         return RayaugError(
@@ -76,6 +78,7 @@ class Spilled:
     file: SpillFile
     offset: int
     length: int
+    sha256: str
 
     def read(self) -> bytes:
         return self.file.read(self.offset, self.length)

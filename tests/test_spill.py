@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rayaug.errors import RayaugError
+from rayaug.records import AugmentedSample
 from rayaug.spill import SpillFile
 
 
@@ -27,6 +30,16 @@ def test_what_is_held_reads_back_byte_for_byte_in_any_order_and_from_any_thread(
         reader.start()
         reader.join()
         assert read_elsewhere == blobs
+
+
+def test_a_held_sample_reports_the_sha256_of_its_bytes(tmp_path: Path) -> None:
+    """The manifest's sha256 of a spilled sample is taken as it is held, of the same bytes."""
+    image = os.urandom(20_000)
+    sample = AugmentedSample("k", "/in/k", 0, 1, None, [], (2, 2), image, 2, 2)
+    with SpillFile(str(tmp_path)) as spill:
+        held = dataclasses.replace(sample, encoded=spill.hold(image))
+        assert held.sha256 == sample.sha256 == hashlib.sha256(image).hexdigest()
+        assert held.image == image
 
 
 def test_the_file_has_no_name_so_a_killed_actor_leaves_nothing(tmp_path: Path) -> None:

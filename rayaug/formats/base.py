@@ -68,7 +68,8 @@ class DataObject:
     spans: list[int] | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        # not dataclasses.asdict: it deep-copies the spans, one call per sample
+        return {"path": self.path, "view": self.view, "samples": self.samples, "spans": self.spans}
 
 
 def view_groups(

@@ -109,7 +109,8 @@ class ParquetOutput(ShardFile):
             data_page_version="1.0",
         )
         data = buffer.getvalue()
-        return Encoded(data, _spans(data, samples))
+        # the images as the table holds them: not read from the shard's spill file again
+        return Encoded(data, _spans(data, table.column("image").to_pylist()))
 
     def split(self, raw: bytes, spans: list[int], output: OutputSpec) -> list[bytes]:
         """Each span of a run is an image's 4-byte length and its bytes."""
@@ -126,12 +127,11 @@ class ParquetOutput(ShardFile):
         return images_of(pq.read_table(io.BytesIO(data), columns=["sample_id", column]), masks)
 
 
-def _spans(data: bytes, samples: list[AugmentedSample]) -> list[int] | None:
-    """Where each image's 4-byte length starts, and where the last image ends: each of
-    `samples`' images found in the bytes themselves, in order, so a page boundary, or a
-    writer that laid them out otherwise, gives None (the object is then read whole),
-    never a wrong span. The images are those just written, not read back from `data`."""
-    images = [sample.image for sample in samples]
+def _spans(data: bytes, images: list[bytes | None]) -> list[int] | None:
+    """Where each image's 4-byte length starts, and where the last image ends: each of the
+    `images` found in the bytes themselves, in order, so a page boundary, or a writer that
+    laid them out otherwise, gives None (the object is then read whole), never a wrong span.
+    The images are those just written, not read back from `data`."""
     if not images or any(image is None for image in images):
         return None
     first = struct.pack("<I", len(images[0])) + images[0]
