@@ -77,7 +77,7 @@ def test_the_settled_count_ends_at_its_limit_while_commits_keep_arriving(out: Lo
     finally:
         stop.set()
         writer.join()
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 5.0  # the limit (1 s) ended it, not the writer
 
 
 def test_orphans_are_data_and_errors_without_a_manifest(out: Location) -> None:
