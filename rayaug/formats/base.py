@@ -68,8 +68,8 @@ class DataObject:
     spans: list[int] | None = None
 
     def to_json(self) -> dict:
-        # not dataclasses.asdict: it deep-copies the spans, one call per sample
-        return {"path": self.path, "view": self.view, "samples": self.samples, "spans": self.spans}
+        # every field, shallow: dataclasses.asdict deep-copies the spans, one call per sample
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def view_groups(
