@@ -500,6 +500,28 @@ def test_horizontal_flip_mirrors_the_pixels(photos, device: str) -> None:
         assert np.array_equal(original, pillow)
 
 
+def test_a_geometric_op_between_two_others_applies_between_them(device: str) -> None:
+    """On the CPU path a flip after an erasing is warped as soon as the erasing is done (the
+    pixels still in cache), not again with the batch: each box lands where the order puts it."""
+    gray = SourceSample("gray.png", "mem://gray.png", _encode(Image.new("RGB", (48, 32), "gray")))
+    ops = [
+        {"name": "erasing", "value": 0.0, "p": 1},
+        {"name": "horizontal_flip", "p": 1},
+        {"name": "erasing", "value": 1.0, "p": 1},
+    ]
+    output = Augmenter(_spec(ops, views=3), device).augment([gray])
+    assert output.quarantined == [] and len(output.samples) == 3
+    for sample in output.samples:
+        black, white = (sample.ops[at]["params"]["box"] for at in (0, 2))
+        expected = np.full((32, 48), 128)
+        x, y, w, h = black
+        expected[y : y + h, x : x + w] = 0
+        expected = expected[:, ::-1]
+        x, y, w, h = white
+        expected[y : y + h, x : x + w] = 255
+        assert np.abs(_pixels(sample.image)[..., 0] - expected).max() <= 1
+
+
 def test_a_reduced_decode_gives_the_same_picture(device: str) -> None:
     # 1600x1200 down to 400x300: decoded at 1/4 (JPEG DCT scaling), then warped to the size.
     y, x = np.mgrid[0:1200, 0:1600]
