@@ -433,6 +433,9 @@ class Augmenter:
 
     @staticmethod
     def _photometric(steps: list[tuple[_Item, int]]) -> None:
+        """One photometric op on every sample that drew it: on the CPU path each sample's kernel,
+        then at once the geometric ops that follow it (see `_warp_next_geometric`); on a device,
+        one kernel call for each group of samples of one shape and batch key."""
         groups: dict[object, list[tuple[_Item, Applied]]] = defaultdict(list)
         for item, index in steps:
             step = item.applied[index]
