@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from rayaug import allocator, commit, minimal_agent, outputs
+from rayaug import allocator, commit, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.clouds import is_cloud
 from rayaug.errors import JobFailed, RayaugError
@@ -562,7 +562,7 @@ LOCAL_SYSTEM_CONFIG = {
 
 
 @contextlib.contextmanager
-def lean_head_node(include_dashboard: bool) -> Iterator[None]:
+def lean_head_node(include_dashboard: bool, with_runtime_env: bool) -> Iterator[None]:
     """While ray.init starts a local head node, leave out the processes nobody uses there.
 
     - the log monitor: it forwards workers' output to the driver, which rayaug turns off
@@ -570,31 +570,43 @@ def lean_head_node(include_dashboard: bool) -> Iterator[None]:
     - the autoscaler's monitor: one fixed node has nothing to scale;
     - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
       API: a local run submits no job, and usage stats are off for rayaug's runs);
-    - without a dashboard, the dashboard agent's servers (its HTTP server and its metrics
-      gRPC server, which only a dashboard reads) and its modules: the agent starts as in Ray's
-      minimal install (`rayaug.minimal_agent`), and the raylet, which waits for its ports,
-      registers sooner.
+    - without a dashboard, Ray's dashboard agent, and without a `runtime_env`, Ray's
+      runtime-env agent: each is a process that imports Ray for work this node does not have,
+      while the raylet waits for its ports before it registers. `rayaug.node_agents` stands
+      in for them;
+    - without a dashboard, the driver's import of the dashboard's dependencies (aiohttp,
+      OpenCensus, Prometheus' client: 24 MiB), which Ray makes only to learn that they import.
     Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`, but not
-    for the agent), so the three start methods of the node are skipped, the agent told that
-    the dashboard's dependencies are missing and started through `rayaug.minimal_agent`, for
-    the length of ray.init only.
+    for the agents), so the three start methods of the node are skipped, the agents'
+    commands run the stand-ins and the dependencies are said to be missing, for the length of
+    ray.init only.
     """
-    from ray._private import node, services
+    from ray._private import node, ray_constants, services
     from ray._private import utils as ray_utils
 
+    from rayaug import node_agents  # here: the actors, which import this module, need none of it
+
     skipped = ["start_log_monitor", "start_monitor"]
+    stand_ins = {}
     replaced = []
     if not include_dashboard:
         skipped.append("start_api_server")
-        replaced.append((ray_utils, "get_dashboard_dependency_error", _no_dashboard))
-        python_command = services._build_python_executable_command_memory_profileable
-        replaced.append(
-            (
-                services,
-                "_build_python_executable_command_memory_profileable",
-                functools.partial(_minimal_agent_command, python_command),
-            )
+        stand_ins[ray_constants.PROCESS_TYPE_DASHBOARD_AGENT] = node_agents.command(
+            node_agents.DASHBOARD
         )
+        replaced.append((ray_utils, "get_dashboard_dependency_error", _no_dashboard))
+    if not with_runtime_env:
+        stand_ins[ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT] = node_agents.command(
+            node_agents.RUNTIME_ENV
+        )
+    python_command = services._build_python_executable_command_memory_profileable
+    replaced.append(
+        (
+            services,
+            "_build_python_executable_command_memory_profileable",
+            functools.partial(_agent_command, python_command, stand_ins),
+        )
+    )
     replaced += [(node.Node, name, lambda self, *args, **kwargs: None) for name in skipped]
     with _replaced(replaced):
         yield
@@ -604,17 +616,17 @@ def _no_dashboard() -> str:
     return "rayaug's local node runs no dashboard"
 
 
-def _minimal_agent_command(
-    python_command: Callable[..., list[str]], component: str, *args: object, **kwargs: object
+def _agent_command(
+    python_command: Callable[..., list[str]],
+    stand_ins: dict[str, list[str]],
+    component: str,
+    *args: object,
+    **kwargs: object,
 ) -> list[str]:
-    """Ray's Python command for a process of the node (`python -u`, or memray's), the dashboard
-    agent's through `rayaug.minimal_agent` (Ray appends the agent's script and arguments)."""
-    from ray._private import ray_constants
-
-    command = python_command(component, *args, **kwargs)
-    if component == ray_constants.PROCESS_TYPE_DASHBOARD_AGENT:
-        command += minimal_agent.command()
-    return command
+    """Ray's Python command for a process of the node (`python -u`, or memray's), with the
+    stand-in's script and its agent for a component of `stand_ins` (Ray appends its own script
+    and arguments after them)."""
+    return python_command(component, *args, **kwargs) + stand_ins.get(component, [])
 
 
 @contextlib.contextmanager
@@ -765,7 +777,7 @@ def start_local_ray(**init_args: object) -> None:
     include_dashboard = bool(init_args.get("include_dashboard"))
     with (
         ray_on_loopback(),
-        lean_head_node(include_dashboard),
+        lean_head_node(include_dashboard, with_runtime_env=bool(init_args.get("runtime_env"))),
         node_registration_polled(),
         worker_allocators(),
     ):

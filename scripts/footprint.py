@@ -57,10 +57,12 @@ def role(proc: psutil.Process, root_pid: int) -> str:
             if helper in name:
                 return f"ray::{helper}"
         return f"ray::{name}"
-    program = " ".join(argv[:3])  # the flags of some name the others' programs
+    program = " ".join(argv[:4])  # the flags of some name the others' programs
     for key, name in (
         ("raylet/raylet", "raylet"),
-        ("rayaug/minimal_agent.py", "dashboard agent"),
+        ("rayaug/node_agents.py dashboard", "dashboard agent"),
+        ("rayaug/node_agents.py runtime_env", "runtime-env agent"),
+        ("rayaug/minimal_agent.py", "dashboard agent"),  # rayaug 0.8.0 before the stand-ins
         ("gcs_server", "gcs_server"),
         ("default_worker.py", "idle worker"),
         ("dashboard/agent.py", "dashboard agent"),

@@ -521,10 +521,13 @@ def test_a_node_that_never_registers_is_left_to_rays_own_lookup(
     assert time.monotonic() - started >= 0.2
 
 
-def test_the_local_nodes_dashboard_agent_serves_no_dashboard(ray_cluster: str) -> None:
-    """Without a dashboard, the node's agent starts as in Ray's minimal install: no metrics
-    server, no HTTP port and no modules (the raylet, which waits for its ports, registers
-    sooner); the functions that told it so are Ray's own again once the node is up."""
+def test_the_local_nodes_agents_are_rayaugs_stand_ins_where_it_has_no_work_for_rays(
+    ray_cluster: str,
+) -> None:
+    """Without a dashboard, the node's dashboard agent is rayaug's stand-in: its ports not
+    served. The session's node was given a runtime_env (the tests' own), so its runtime-env
+    agent is Ray's, which serves it. Ray's function that builds the agents' commands is Ray's
+    own again once the node is up, and so is its check of the dashboard's dependencies."""
     import ray
     from ray._private import services
     from ray._private import utils as ray_utils
@@ -532,9 +535,53 @@ def test_the_local_nodes_dashboard_agent_serves_no_dashboard(ray_cluster: str) -
     from rayaug import job
 
     node = ray._private.worker._global_node
+    logs = Path(node.get_logs_dir_path())
     assert (node.metrics_agent_port, node.dashboard_agent_listen_port) == (-1, -1)
-    agent_log = (Path(node.get_logs_dir_path()) / "dashboard_agent.log").read_text()
-    assert "Loaded 0 modules." in agent_log
-    assert ray_utils.get_dashboard_dependency_error is not job._no_dashboard
+    assert "rayaug: no dashboard" in (logs / "dashboard_agent.out").read_text()
+    assert "Starting runtime env agent" in (logs / "runtime_env_agent.log").read_text()
     python_command = services._build_python_executable_command_memory_profileable
     assert getattr(python_command, "__module__", None) == services.__name__
+    assert ray_utils.get_dashboard_dependency_error is not job._no_dashboard
+
+
+# A node started as `rayaug run` starts it (no runtime_env): a plain task runs, a task that asks
+# for a runtime_env is refused by the stand-in in plain words; prints what it saw as JSON.
+LOCAL_NODE_RUN = """
+import json, ray
+from rayaug.job import QUIET, start_local_ray
+start_local_ray(include_dashboard=False, **QUIET)
+@ray.remote
+def variable():
+    import os
+    return os.environ.get("RAYAUG_TEST_VARIABLE")
+try:
+    ray.get(variable.options(runtime_env={"env_vars": {"RAYAUG_TEST_VARIABLE": "1"}}).remote())
+    refusal = None
+except ray.exceptions.RuntimeEnvSetupError as error:
+    refusal = str(error)
+print(json.dumps({
+    "plain": ray.get(variable.remote()),
+    "refusal": refusal,
+    "logs": ray._private.worker._global_node.get_logs_dir_path(),
+}))
+ray.shutdown()
+"""
+
+
+def test_a_local_node_without_runtime_env_runs_tasks_and_refuses_one_in_plain_words() -> None:
+    from rayaug import node_agents
+
+    environment = {name: value for name, value in os.environ.items() if "RAY" not in name}
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_NODE_RUN],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["plain"] is None
+    assert node_agents.REFUSAL in seen["refusal"]
+    agent_log = (Path(seen["logs"]) / "runtime_env_agent.out").read_text()
+    assert "rayaug: refused" in agent_log
