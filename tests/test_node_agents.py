@@ -122,11 +122,15 @@ def test_an_agent_ends_once_the_raylet_that_started_it_is_gone(tmp_path: Path) -
         [sys.executable, "-c", raylet], capture_output=True, text=True, check=True, timeout=60
     )
     orphan = int(done.stdout)
-    port_file(tmp_path, node_agents.DASHBOARD_PORTS[0])
-    deadline = time.monotonic() + DEADLINE_S
-    while running(psutil, orphan):
-        assert time.monotonic() < deadline, "the agent outlived its raylet"
-        time.sleep(0.1)
+    try:
+        port_file(tmp_path, node_agents.DASHBOARD_PORTS[0])
+        deadline = time.monotonic() + DEADLINE_S
+        while running(psutil, orphan):
+            assert time.monotonic() < deadline, "the agent outlived its raylet"
+            time.sleep(0.1)
+    finally:
+        if running(psutil, orphan):
+            os.kill(orphan, signal.SIGKILL)
 
 
 def running(psutil: Any, pid: int) -> bool:
