@@ -30,3 +30,20 @@ class StorageError(RayaugError):
 
 class JobFailed(RayaugError):
     """The job ran and could not finish (error budget exceeded, a stage failed)."""
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost error under Ray's wrappers (RayTaskError keeps it in `.cause`)."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    if isinstance(error, RayaugError):
+        # rayaug's messages are one line; Ray Data appends its retry advice on further lines
+        # ("configure ray.data.DataContext ..."), which is about Ray's retries, not rayaug's.
+        return str(error).split("\n", 1)[0]
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}"

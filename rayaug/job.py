@@ -1,7 +1,8 @@
 """The driver: plan, wire the Ray Data stages, count commits, summarize.
 
-The only module that calls Ray. Stages (read → augment → write) are the engine-free functions
-of `sources`, `augment` and `sinks`; this module only adapts them to Ray Data rows.
+The only module that calls Ray, with `local_ray` (the node it starts where no cluster is
+named). Stages (read → augment → write) are the engine-free functions of `sources`, `augment`
+and `sinks`; this module only adapts them to Ray Data rows.
 Each work unit travels as one row to one actor, which reads, augments and writes its shard
 whole; the shard's manifest commits it: a killed actor costs only its uncommitted shard.
 """
@@ -9,7 +10,6 @@ whole; the shard's manifest commits it: a killed actor costs only its uncommitte
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -30,7 +30,14 @@ import numpy as np
 from rayaug import allocator, commit, outputs
 from rayaug.augment import Augmenter, pick_device
 from rayaug.clouds import is_cloud
-from rayaug.errors import JobFailed, RayaugError
+from rayaug.errors import JobFailed, RayaugError, root_cause
+from rayaug.local_ray import (
+    QUIET,
+    LocalRayStart,
+    lean_data_on_local_node,
+    ray_on_loopback,
+    start_local_ray,
+)
 from rayaug.partners import Partners
 from rayaug.plan import JobPlan, pending_units, prepare, recorded_job, versions
 from rayaug.sinks import ShardCommit, WriteContext, finish_output, orphans, write_shard
@@ -41,7 +48,6 @@ from rayaug.storage import Location, check_reachable, open_location
 
 if TYPE_CHECKING:
     import ray.data
-    from ray.data._internal.execution.interfaces.execution_options import ExecutionResources
 
     from rayaug.epochs import Epoch
 
@@ -75,8 +81,6 @@ ACTOR_RESTARTS = 8
 ACTORS_UP_TIMEOUT_S = 600
 # A job with fewer units than this many rounds of calls per actor waits for its whole pool.
 FEW_UNITS_ROUNDS = 2
-# The CLI draws its own progress; Ray's start-up chatter would bury it.
-QUIET = {"log_to_driver": False, "logging_level": logging.ERROR}
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ class _Run:
             if isinstance(error, RayaugError) and not hasattr(error, "cause"):
                 raise
             raise JobFailed(
-                f"the job stopped: {_root_cause(error)}. Committed shards are kept; "
+                f"the job stopped: {root_cause(error)}. Committed shards are kept; "
                 f"run `rayaug resume {self.out.uri}` to continue."
             ) from error
         finally:
@@ -323,28 +327,11 @@ def _stop_ray_data(dataset: object | None, timeout: float = 30.0) -> None:
         try:
             executor.shutdown(force=True)
         except Exception as error:  # noqa: BLE001 - must not hide the run's own outcome
-            log.warning("stopping Ray Data's executor failed: %s", _root_cause(error))
+            log.warning("stopping Ray Data's executor failed: %s", root_cause(error))
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
         if thread.name.startswith("StreamingExecutor-"):
             thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def _root_cause(error: BaseException) -> str:
-    """The innermost error under Ray's wrappers (RayTaskError keeps it in `.cause`)."""
-    seen: set[int] = set()
-    while id(error) not in seen:
-        seen.add(id(error))
-        inner = getattr(error, "cause", None) or error.__cause__
-        if not isinstance(inner, BaseException):
-            break
-        error = inner
-    if isinstance(error, RayaugError):
-        # rayaug's messages are one line; Ray Data appends its retry advice on further lines
-        # ("configure ray.data.DataContext ..."), which is about Ray's retries, not rayaug's.
-        return str(error).split("\n", 1)[0]
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:400]}"
 
 
 def _starts_local_ray(options: RunOptions) -> bool:
@@ -353,70 +340,6 @@ def _starts_local_ray(options: RunOptions) -> bool:
         return False
     ray = sys.modules.get("ray")  # not imported yet: certainly not initialized
     return ray is None or not ray.is_initialized()
-
-
-class LocalRayStart:
-    """The embedded Ray, started in a thread of its own while the driver plans.
-
-    `ray.init` of a local node waits seconds for its processes (GCS, raylet, agents) to come
-    up, mostly on the other core; the driver plans meanwhile, and the same thread imports Ray
-    Data after it, before the driver needs it.
-    `wait()` returns once Ray is up (True: this run owns it), or raises what starting it
-    raised; `stop()` shuts Ray down (from the calling thread) and lets the starter end.
-
-    The starter thread lives until then: Ray ties its GCS and raylet to the thread that
-    spawned them (Linux's parent-death signal is per thread), so a starter that returned
-    would kill the node under the run.
-    """
-
-    def __init__(self) -> None:
-        self._error: BaseException | None = None
-        self._up = threading.Event()
-        self._release = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._start, name="rayaug-ray-start", daemon=True)
-
-    @classmethod
-    def begin(cls) -> LocalRayStart:
-        starting = cls()
-        _exit_on_sigterm()  # ray.init sets this only from the main thread
-        starting._thread.start()
-        return starting
-
-    def _start(self) -> None:
-        try:
-            start_local_ray(include_dashboard=False, **QUIET)
-            import ray.data  # noqa: F401 - its import (≈ 0.5 s) is off the driver's path too
-        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
-            self._error = error
-        finally:
-            self._up.set()
-        self._release.wait()  # keep the node's processes' parent alive until stop()
-
-    def wait(self) -> bool:
-        self._up.wait()
-        if isinstance(self._error, RayaugError | KeyboardInterrupt | SystemExit):
-            raise self._error
-        if self._error is not None:  # Ray's own (a node that did not come up in time): one line
-            raise JobFailed(
-                f"the embedded Ray did not start: {_root_cause(self._error)}"
-            ) from self._error
-        return True
-
-    def stop(self) -> None:
-        """Shut the Ray down (once its start has finished) and end the starter thread."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._up.wait()
-        try:
-            import ray
-
-            if ray.is_initialized():
-                ray.shutdown()
-        finally:
-            self._release.set()
-            self._thread.join()
 
 
 class _Interrupts:
@@ -467,21 +390,6 @@ def noted_interrupts() -> Iterator[_Interrupts]:
         sys.unraisablehook = hook
 
 
-def _exit_on_sigterm() -> None:
-    """What ray.init does from the main thread: SIGTERM ends the driver through SystemExit,
-    so that its `finally` blocks (the lease, Ray's shutdown) run."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def exit_on_sigterm(signum, frame):
-        raise SystemExit(signum)
-
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, exit_on_sigterm)
-
-
 def _connect(options: RunOptions) -> bool:
     """Join the given cluster (or the one RAY_ADDRESS names), else start a local one."""
     import ray
@@ -503,314 +411,6 @@ def _connect(options: RunOptions) -> bool:
         # no runtime_env, so that the workers the raylet starts ahead serve the pool's actors.
         start_local_ray(include_dashboard=False, **QUIET)
     return True
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def _is_loopback_address(address: str | None) -> bool:
-    if address is None:
-        return False
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
-    return host in LOOPBACK_HOSTS
-
-
-@contextlib.contextmanager
-def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
-    """While Ray starts or joins at a loopback address, keep it there.
-
-    Ray 2.60 on Linux rewrites 127.0.0.1 (as `_node_ip_address` or in an address) to the
-    machine's network address (`services.resolve_ip_for_localhost`) unless its "cluster mode"
-    is off, and a node registered under that address listens on it, on 0.0.0.0 and on `*`.
-    Cluster mode is a flag Ray reads once, at import, from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER;
-    turning the flag off in this process for the length of `ray.init` is enough: every process
-    Ray spawns then gets 127.0.0.1 from the driver (proven by tests/test_loopback.py in a
-    network namespace), and nothing in the user's environment changes. An address that is
-    not loopback (a real cluster) is left to Ray as it was.
-    """
-    if address is not None and address != "local" and not _is_loopback_address(address):
-        yield
-        return
-    from ray._private import ray_constants
-
-    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # a Ray that moved the flag
-        raise RayaugError(
-            "this Ray version cannot be kept on loopback by rayaug (ray_constants."
-            "ENABLE_RAY_CLUSTER is gone); refusing to start a Ray that listens on the network"
-        )
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-
-
-# Ray's RayConfig for a single-node Ray of rayaug's own, for every process of the node:
-# - no metrics collection and export (a thread in every worker, the agents' exporters);
-# - the workers the raylet starts ahead (one per CPU, which the pool's actors then take) import
-#   Ray Data and the stage's module as they start, while the driver still builds its pipeline,
-#   rather than once they are given an actor: first commit 0.25 s earlier (six paired runs);
-# - workers at the driver's own priority: Ray renices them by 15, and on a machine the job
-#   shares any busy process then took nearly all of the pool actors' CPU (20,000 views at 33
-#   samples/s beside three busy processes on two cores, 552 at the driver's priority).
-LOCAL_SYSTEM_CONFIG = {
-    "enable_metrics_collection": False,
-    "preload_python_modules": ["ray.data", "rayaug.job"],
-    "worker_niceness": 0,
-}
-
-
-@contextlib.contextmanager
-def lean_head_node(include_dashboard: bool, with_runtime_env: bool) -> Iterator[None]:
-    """While ray.init starts a local head node, leave out the processes nobody uses there.
-
-    - the log monitor: it forwards workers' output to the driver, which rayaug turns off
-      (`log_to_driver=False`); the output stays in the session's log files;
-    - the autoscaler's monitor: one fixed node has nothing to scale;
-    - without a dashboard, the API server Ray starts anyway (for usage stats and the Jobs
-      API: a local run submits no job, and usage stats are off for rayaug's runs);
-    - without a dashboard, Ray's dashboard agent, and without a `runtime_env`, Ray's
-      runtime-env agent: each is a process that imports Ray for work this node does not have,
-      while the raylet waits for its ports before it registers. `rayaug.node_agents` stands
-      in for them;
-    - without a dashboard, the driver's import of the dashboard's dependencies (aiohttp,
-      OpenCensus, Prometheus' client: 24 MiB), which Ray makes only to learn that they import.
-    Ray 2.60's ray.init has no parameter for these (RayParams has, for `ray start`, but not
-    for the agents), so the three start methods of the node are skipped, the agents'
-    commands run the stand-ins and the dependencies are said to be missing, for the length of
-    ray.init only.
-    """
-    from ray._private import node, ray_constants, services
-    from ray._private import utils as ray_utils
-
-    from rayaug import node_agents  # here: the actors, which import this module, need none of it
-
-    skipped = ["start_log_monitor", "start_monitor"]
-    stand_ins = {}
-    replaced = []
-    if not include_dashboard:
-        skipped.append("start_api_server")
-        stand_ins[ray_constants.PROCESS_TYPE_DASHBOARD_AGENT] = node_agents.command(
-            node_agents.DASHBOARD
-        )
-        replaced.append((ray_utils, "get_dashboard_dependency_error", _no_dashboard))
-    if not with_runtime_env:
-        stand_ins[ray_constants.PROCESS_TYPE_RUNTIME_ENV_AGENT] = node_agents.command(
-            node_agents.RUNTIME_ENV
-        )
-    python_command = services._build_python_executable_command_memory_profileable
-    replaced.append(
-        (
-            services,
-            "_build_python_executable_command_memory_profileable",
-            functools.partial(_agent_command, python_command, stand_ins),
-        )
-    )
-    replaced += [(node.Node, name, lambda self, *args, **kwargs: None) for name in skipped]
-    with _replaced(replaced):
-        yield
-
-
-def _no_dashboard() -> str:
-    return "rayaug's local node runs no dashboard"
-
-
-def _agent_command(
-    python_command: Callable[..., list[str]],
-    stand_ins: dict[str, list[str]],
-    component: str,
-    *args: object,
-    **kwargs: object,
-) -> list[str]:
-    """Ray's Python command for a process of the node (`python -u`, or memray's), with the
-    stand-in's script and its agent for a component of `stand_ins` (Ray appends its own script
-    and arguments after them)."""
-    return python_command(component, *args, **kwargs) + stand_ins.get(component, [])
-
-
-@contextlib.contextmanager
-def _replaced(replacements: list[tuple[object, str, object]]) -> Iterator[None]:
-    """Each (owner, name, stand-in) in place of the owner's own attribute (a module's, or a
-    class's as it is stored: a staticmethod stays one), the originals back afterwards."""
-    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in replacements]
-    for owner, name, stand_in in replacements:
-        setattr(owner, name, stand_in)
-    try:
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
-
-
-# How often the driver asks the GCS whether the local raylet has registered, and for how long
-# at most (Ray's own raylet_start_wait_time_s); Ray's own loop then returns at once.
-REGISTRATION_POLL_S = 0.02
-REGISTRATION_WAIT_S = 30.0
-
-
-@contextlib.contextmanager
-def node_registration_polled() -> Iterator[None]:
-    """While ray.init starts a local node, the driver learns at once when its raylet registers.
-
-    Ray 2.60's ray.init asks the GCS for the new node 0.1 s after starting the raylet and, if
-    it is not registered yet, asks again a whole second later (GlobalStateAccessor::GetNode
-    sleeps 1 s between tries). The raylet registers only once its two agents are up, about
-    0.5 s after it starts here: the driver then waited 0.6 s for nothing, and the prestarted
-    workers, which the raylet starts as the driver connects, with it. Here the driver polls
-    every REGISTRATION_POLL_S before Ray's first try, so that try finds the node."""
-    from ray._private import services
-
-    ray_get_node = services.get_node
-
-    def get_node(gcs_address: str, node_id: str) -> dict:
-        _wait_for_registration(gcs_address, node_id)
-        return ray_get_node(gcs_address, node_id)
-
-    with _replaced([(services, "get_node", get_node)]):
-        yield
-
-
-def _wait_for_registration(gcs_address: str, node_id: str) -> None:
-    """Return once the GCS at `gcs_address` lists node `node_id` or REGISTRATION_WAIT_S has
-    passed; Ray's own lookup that follows reports a node that never came."""
-    from ray._raylet import GcsClient
-
-    client = GcsClient(address=gcs_address)
-    deadline = time.monotonic() + REGISTRATION_WAIT_S
-    while time.monotonic() < deadline:
-        if any(node.hex() == node_id for node in client.get_all_node_info(timeout=1)):
-            return
-        time.sleep(REGISTRATION_POLL_S)
-
-
-class _Discarded:
-    """A helper actor's method that a one-node Ray has no use for: its calls go nowhere."""
-
-    def remote(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-class _OneNodeLocations:
-    """Ray Data's actor-location tracker on a one-node Ray: every actor is on that node.
-
-    Passed to each pool actor (pickled by reference), which reports its node to it."""
-
-    update_actor_location = _Discarded()
-
-
-class _FixedNode:
-    """Ray Data's cluster autoscaler for a node that does not grow: its budget is the node.
-
-    Ray Data's own asks an autoscaling-coordinator actor to reserve resources for it and
-    relays its requests to the cluster's autoscaler; rayaug's node runs no autoscaler
-    (`lean_head_node`), and the coordinator would reserve the whole node for the one job."""
-
-    def __init__(self, resources: dict[str, float]) -> None:
-        from ray.data._internal.execution.interfaces.execution_options import (
-            ExecutionResources,
-        )
-
-        self._total = ExecutionResources.from_resource_dict(resources)
-
-    def try_trigger_scaling(self) -> None:
-        return None
-
-    def on_executor_shutdown(self) -> None:
-        return None
-
-    def get_total_resources(self) -> ExecutionResources:
-        return self._total
-
-
-@contextlib.contextmanager
-def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
-    """While Ray Data runs a job on the node rayaug started, do without its helper actors.
-
-    For an actor pool Ray Data 2.60 starts three actors of its own, each a worker process that
-    imports Ray Data (about 100 MiB of memory, a second of a core at start-up, on a 2-core
-    machine while the pool's actors import it too) and none of use to a single local node:
-    - the stats actor keeps per-dataset metrics for the dashboard and Prometheus: a local run
-      has no dashboard and collects no metrics (LOCAL_SYSTEM_CONFIG);
-    - the autoscaling coordinator (`_FixedNode`): the node does not grow;
-    - the actor-location tracker (`_OneNodeLocations`): every actor is on the one node, which
-      Ray Data also learns from each actor as it comes up (its `get_location`).
-    The stand-ins are installed on Ray Data's modules for the length of the run only: a
-    process that later joins a cluster gets Ray Data as it is. A Ray Data whose names differ
-    (another version) is left as it is too: the helper actors then start as before.
-    """
-    try:
-        from ray.data._internal.execution import streaming_executor
-        from ray.data._internal.execution.operators import actor_pool_map_operator as pool
-        from ray.data._internal.stats import _StatsManager
-    except ImportError:
-        yield
-        return
-
-    def no_metrics(*args: object, **kwargs: object) -> None:
-        return None
-
-    replaced = [
-        (streaming_executor, "create_cluster_autoscaler", lambda *a, **k: _FixedNode(resources)),
-        (pool, "get_or_create_actor_location_tracker", _OneNodeLocations),
-        (pool, "get_actor_locations", lambda logical_ids: {}),
-        (_StatsManager, "register_dataset_to_stats_actor", staticmethod(no_metrics)),
-        (_StatsManager, "update_execution_metrics", staticmethod(no_metrics)),
-        (_StatsManager, "update_iteration_metrics", staticmethod(no_metrics)),
-    ]
-    if not all(name in vars(owner) for owner, name, _ in replaced):
-        yield
-        return
-    with _replaced(replaced):
-        yield
-
-
-def start_local_ray(**init_args: object) -> None:
-    """Start a fresh Ray of this process's own that registers 127.0.0.1 and listens on
-    loopback only (its dashboard, if asked for, on 127.0.0.1 too); raises if Ray would not.
-    It runs without the processes and the metrics a single local node does not need
-    (`lean_head_node`, LOCAL_SYSTEM_CONFIG), and without Ray's second-long wait for its raylet
-    (`node_registration_polled`)."""
-    import ray
-
-    system_config = {**LOCAL_SYSTEM_CONFIG, **init_args.pop("_system_config", {})}
-    include_dashboard = bool(init_args.get("include_dashboard"))
-    with (
-        ray_on_loopback(),
-        lean_head_node(include_dashboard, with_runtime_env=bool(init_args.get("runtime_env"))),
-        node_registration_polled(),
-        worker_allocators(),
-    ):
-        ray.init(
-            _system_config=system_config,
-            # "local": always a fresh Ray of our own. Without it, ray.init joins the cluster
-            # recorded in /tmp/ray/ray_current_cluster, which a killed rayaug leaves behind
-            # pointing at a dead GCS: the next run (its resume) hung connecting to it.
-            address="local",
-            _node_ip_address="127.0.0.1",
-            dashboard_host="127.0.0.1",
-            **init_args,
-        )
-    node_ip = ray.util.get_node_ip_address()
-    if node_ip != "127.0.0.1":  # a Ray upgrade that resolves loopback elsewhere
-        ray.shutdown()
-        raise RayaugError(
-            f"the embedded Ray registered {node_ip} instead of 127.0.0.1; refusing to run a "
-            "Ray that listens on the network (use --address to join a cluster)"
-        )
-
-
-@contextlib.contextmanager
-def worker_allocators() -> Iterator[None]:
-    """While ray.init starts the local node, `allocator.worker_environment()` in the environment
-    its processes inherit; this process's own environment is as it was afterwards."""
-    added = allocator.worker_environment()
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for name in added:
-            del os.environ[name]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import glob
+import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -63,6 +65,11 @@ def wrap(owner: object, name: str) -> None:
     setattr(owner, name, timed)
 
 
+def _has_local_ray() -> bool:
+    """Whether rayaug has its embedded Ray in a module of its own (older commits: in job)."""
+    return importlib.util.find_spec("rayaug.local_ray") is not None
+
+
 def main() -> None:
     mark("interpreter up")
     from rayaug import cli
@@ -71,10 +78,12 @@ def main() -> None:
     from rayaug import api, job  # noqa: F401 - their import is a step
 
     mark("import rayaug.api, rayaug.job")
-    for name in ("prepare", "start_local_ray", "_connect", "_pipeline"):
+    node = importlib.import_module("rayaug.local_ray") if _has_local_ray() else job
+    for name in ("prepare", "_connect", "_pipeline"):
         wrap(job, name)
-    if hasattr(job, "LocalRayStart"):
-        wrap(job.LocalRayStart, "wait")
+    wrap(node, "start_local_ray")
+    if hasattr(node, "LocalRayStart"):
+        wrap(node.LocalRayStart, "wait")
     add = job.Tally.add
 
     def first_add(self, shard, new):
@@ -87,7 +96,7 @@ def main() -> None:
     with open(spec) as file:
         out = yaml.safe_load(file)["output"]["uri"]
     sessions: list[str] = []
-    start_local_ray = getattr(job, "start_local_ray", None)
+    start_local_ray = getattr(node, "start_local_ray", None)
     if start_local_ray is not None:
 
         def recorded(*args, **kwargs):
@@ -96,7 +105,9 @@ def main() -> None:
 
             sessions.append(ray._private.worker._global_node.get_session_dir_path())
 
-        job.start_local_ray = recorded
+        for owner in {node, job}:  # the driver's `_connect` calls it by its own name
+            if hasattr(owner, "start_local_ray"):
+                owner.start_local_ray = recorded
     try:
         cli.main(["run", spec, "--json"], standalone_mode=False)
     finally:

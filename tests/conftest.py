@@ -198,7 +198,7 @@ def ray_cluster(s3: SeaweedS3, gcs: GcsEmulator, azure: Azurite) -> Iterator[str
     """A local Ray on loopback shared by every test; yields its address for subprocess drivers."""
     import ray
 
-    from rayaug.job import start_local_ray
+    from rayaug.local_ray import start_local_ray
 
     start_local_ray(  # the product's own way: loopback only, without any variable set
         num_cpus=2,

@@ -253,7 +253,8 @@ def _drive(args: argparse.Namespace) -> int:
     """A real driver: join the Ray at `--address` with the faulty runtime_env, run the job."""
     import ray
 
-    from rayaug.job import RunOptions, ray_on_loopback, run_job
+    from rayaug.job import RunOptions, run_job
+    from rayaug.local_ray import ray_on_loopback
     from rayaug.spec import load_spec
 
     for name, settings in json.loads(args.driver_faults).items():
@@ -277,7 +278,7 @@ def _drive(args: argparse.Namespace) -> int:
 
 
 def _node_loss(args: argparse.Namespace) -> int:
-    from rayaug.job import ray_on_loopback
+    from rayaug.local_ray import ray_on_loopback
 
     with ray_on_loopback():  # else Ray rewrites 127.0.0.1 (of the nodes, of the address)
         return _node_loss_on_loopback(args)
