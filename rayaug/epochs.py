@@ -541,31 +541,38 @@ class Epoch(_iterable_base()):
         self.stats = ReadStats()
         self._delivered = 0  # samples this object handed out itself (no DataLoader workers)
         self.finished = output.location.exists(commit.SUCCESS)
+        self._warn_of_what_it_serves()
+
+    def _warn_of_what_it_serves(self) -> None:
+        """What this epoch serves that its caller may not expect: an unfinished output's
+        committed shards only, sources left out for a missing view, whole-shard reads."""
+        uri, views = self.output.location.uri, self.output.spec.views
+        caller = 4  # the code that asked OutputView.epoch for this epoch
         if not self.finished:
             warnings.warn(
-                f"{output.location.uri} has not finished (its job is running or stopped): the "
+                f"{uri} has not finished (its job is running or stopped): the "
                 f"epoch serves its {len(self.catalogue)} committed shards only",
-                stacklevel=3,
+                stacklevel=caller,
             )
-        if views_per_item > 1 and self.left_out:
+        if self.views_per_item > 1 and self.left_out:
             warnings.warn(
-                f"{output.location.uri}: epoch {epoch} leaves out {self.left_out} sources "
+                f"{uri}: epoch {self.epoch} leaves out {self.left_out} sources "
                 f"that lack one of views {list(self.views)} (quarantined or missing); "
                 "`epoch.left_out` counts them",
-                stacklevel=3,
+                stacklevel=caller,
             )
         mixed = [o for s in self.catalogue for _, o in s.objects if o.view is None]
-        picks_rows = output_format(output.spec.output.format).picks_rows
+        picks_rows = output_format(self.output.spec.output.format).picks_rows
         if mixed:
             cost = (
-                f"reads {views / views_per_item:.3g}x the bytes it serves"
+                f"reads {views / self.views_per_item:.3g}x the bytes it serves"
                 if not all(map(picks_rows, mixed))
                 else "reads each sample by a ranged read of its own"
             )
             warnings.warn(
-                f"{output.location.uri} keeps every view of a shard in one object (by_source, "
+                f"{uri} keeps every view of a shard in one object (by_source, "
                 f"or written before layouts): an epoch {cost} (README: Training on the output)",
-                stacklevel=3,
+                stacklevel=caller,
             )
 
     def __len__(self) -> int:

@@ -275,9 +275,10 @@ def test_orphans_and_uncommitted_shards_are_never_read(local: Location) -> None:
 
 def test_a_running_jobs_committed_shards_are_served_with_a_warning(local: Location) -> None:
     write_output(local, "parquet", finished=False)
-    with pytest.warns(UserWarning, match="has not finished .* its 8 committed shards only"):
+    with pytest.warns(UserWarning, match="has not finished .* its 8 committed shards only") as seen:
         epoch = rayaug.open_output(local.uri).epoch(0)
     assert len(_ids(epoch)) == 77
+    assert seen[0].filename == __file__  # the warning points at the caller's line
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
