@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import logging
 import os
 import threading
@@ -110,14 +111,21 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, exit_on_sigterm)
 
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name, or an address; IPv6 with or without its brackets) is this
+    machine's loopback: `localhost`, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_loopback_address(address: str | None) -> bool:
     if address is None:
         return False
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
-    return host in LOOPBACK_HOSTS
+    return is_loopback_host(address.split("://", 1)[-1].rsplit(":", 1)[0])
 
 
 @contextlib.contextmanager

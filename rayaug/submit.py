@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.metadata
-import ipaddress
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ from packaging.version import Version
 
 from rayaug import clouds, preflight
 from rayaug.errors import RayaugError, UsageError
+from rayaug.local_ray import is_loopback_host
 from rayaug.spec import JobSpec, dump_spec
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -412,7 +412,7 @@ def _auth_headers(url: str) -> dict[str, str] | None:
     """Headers carrying the local Ray token, or None to let Ray decide (see module doc)."""
     if os.environ.get("RAY_AUTH_MODE"):  # "token": Ray's client adds it; "disabled": never
         return None
-    if not _is_loopback(urlsplit(url).hostname or ""):
+    if not is_loopback_host(urlsplit(url).hostname or ""):
         return None
     from ray._raylet import AuthenticationTokenLoader
 
@@ -420,15 +420,6 @@ def _auth_headers(url: str) -> dict[str, str] | None:
     if not loader.has_token(ignore_auth_mode=True):
         return None
     return dict(loader.get_token_for_http_header(ignore_auth_mode=True)) or None
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _usage_error(url: str, error: Exception, fallback: str) -> UsageError:

@@ -200,3 +200,29 @@ def test_a_local_node_without_runtime_env_runs_tasks_and_refuses_one_in_plain_wo
     assert node_agents.REFUSAL in seen["refusal"]
     agent_log = (Path(seen["logs"]) / "runtime_env_agent.out").read_text()
     assert "rayaug: refused" in agent_log
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("localhost:6379", True),
+        ("127.0.0.1:6379", True),
+        ("ray://127.0.0.1:10001", True),
+        ("127.0.0.2:6379", True),
+        ("[::1]:6379", True),
+        ("10.0.0.5:6379", False),
+        ("head.example.com:6379", False),
+        ("auto", False),
+        (None, False),
+    ],
+)
+def test_a_loopback_address_is_told_from_a_clusters(address: str | None, loopback: bool) -> None:
+    """`rayaug run --address` keeps Ray on loopback for this machine's own addresses only, and
+    `rayaug submit` sends the local token to those alone: both ask the same question."""
+    assert local_ray._is_loopback_address(address) is loopback
+
+
+def test_a_url_hostname_is_loopback_as_an_address_is() -> None:
+    """`rayaug submit` asks with a URL's hostname: IPv6 without brackets, any case."""
+    assert all(map(local_ray.is_loopback_host, ["::1", "LOCALHOST", "127.8.9.10"]))
+    assert not any(map(local_ray.is_loopback_host, ["", "::2", "192.168.1.1", "ray-head"]))
