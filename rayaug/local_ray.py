@@ -220,9 +220,14 @@ def lean_head_node(include_dashboard: bool, with_runtime_env: bool) -> Iterator[
             functools.partial(_agent_command, python_command, stand_ins),
         )
     )
-    replaced += [(node.Node, name, lambda self, *args, **kwargs: None) for name in skipped]
+    replaced += [(node.Node, name, _does_nothing) for name in skipped]
     with attributes_replaced(replaced):
         yield
+
+
+def _does_nothing(*args: object, **kwargs: object) -> None:
+    """In place of a function or method of Ray's whose work the local node does not need."""
+    return None
 
 
 def _no_dashboard() -> str:
@@ -300,8 +305,7 @@ def _wait_for_registration(gcs_address: str, node_id: str) -> None:
 class _Discarded:
     """A helper actor's method that a one-node Ray has no use for: its calls go nowhere."""
 
-    def remote(self, *args: object, **kwargs: object) -> None:
-        return None
+    remote = staticmethod(_does_nothing)
 
 
 class _OneNodeLocations:
@@ -360,16 +364,13 @@ def lean_data_on_local_node(resources: dict[str, float]) -> Iterator[None]:
         yield
         return
 
-    def no_metrics(*args: object, **kwargs: object) -> None:
-        return None
-
     replaced = [
         (streaming_executor, "create_cluster_autoscaler", lambda *a, **k: _FixedNode(resources)),
         (pool, "get_or_create_actor_location_tracker", _OneNodeLocations),
         (pool, "get_actor_locations", lambda logical_ids: {}),
-        (_StatsManager, "register_dataset_to_stats_actor", staticmethod(no_metrics)),
-        (_StatsManager, "update_execution_metrics", staticmethod(no_metrics)),
-        (_StatsManager, "update_iteration_metrics", staticmethod(no_metrics)),
+        (_StatsManager, "register_dataset_to_stats_actor", staticmethod(_does_nothing)),
+        (_StatsManager, "update_execution_metrics", staticmethod(_does_nothing)),
+        (_StatsManager, "update_iteration_metrics", staticmethod(_does_nothing)),
     ]
     if not all(name in vars(owner) for owner, name, _ in replaced):
         yield
