@@ -30,24 +30,28 @@ Rect = tuple[int, int, int, int]  # x0, y0, x1, y1 in output pixels (edges)
 
 def _project(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
     """Edge-coordinate points through a pixel-centre homography."""
-    centred = np.c_[points - 0.5, np.ones(len(points))]
+    centred = np.ones((len(points), 3))
+    centred[:, :2] = points - 0.5
     moved = centred @ matrix.T
     return moved[:, :2] / moved[:, 2:3] + 0.5
 
 
 def _move_boxes(targets: Targets, matrix: np.ndarray, rect: Rect):
-    """Boxes through `matrix`, clipped to `rect`; kept when enough of each stays visible."""
-    boxes, classes = [], []
-    for (x0, y0, x1, y1), cls in zip(targets.boxes, targets.classes, strict=True):
-        corners = _project(matrix, np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]))
-        (lx, ly), (hx, hy) = corners.min(axis=0), corners.max(axis=0)
-        cx0, cy0, cx1, cy1 = max(lx, rect[0]), max(ly, rect[1]), min(hx, rect[2]), min(hy, rect[3])
-        area = (hx - lx) * (hy - ly)
-        clipped = max(cx1 - cx0, 0) * max(cy1 - cy0, 0)
-        if cx1 - cx0 >= 1 and cy1 - cy0 >= 1 and clipped >= MIN_VISIBLE * area:
-            boxes.append([float(v) for v in (cx0, cy0, cx1, cy1)])
-            classes.append(cls)
-    return boxes, classes
+    """Boxes through `matrix`, clipped to `rect`; kept when enough of each stays visible. Every
+    box's corners go through one projection: a box of its own cost 20 µs of numpy calls."""
+    if not targets.boxes:
+        return [], []
+    x0, y0, x1, y1 = np.array(targets.boxes, dtype=np.float64).T
+    corners = np.stack([x0, y0, x1, y0, x1, y1, x0, y1], axis=1).reshape(-1, 2)
+    moved = _project(matrix, corners).reshape(-1, 4, 2)
+    low, high = moved.min(axis=1), moved.max(axis=1)
+    clipped_low, clipped_high = np.maximum(low, rect[:2]), np.minimum(high, rect[2:])
+    spans, sides = high - low, clipped_high - clipped_low
+    area = spans[:, 0] * spans[:, 1]
+    clipped = np.maximum(sides[:, 0], 0) * np.maximum(sides[:, 1], 0)
+    kept = (sides[:, 0] >= 1) & (sides[:, 1] >= 1) & (clipped >= MIN_VISIBLE * area)
+    boxes = np.concatenate([clipped_low, clipped_high], axis=1)[kept].tolist()
+    return boxes, [cls for cls, keep in zip(targets.classes, kept, strict=True) if keep]
 
 
 def _inside(points: np.ndarray, rect: Rect) -> np.ndarray:

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from rayaug import targets
 from rayaug.augment import Augmenter
+from rayaug.ops import scale_translate
 from rayaug.records import SourceSample, Targets
 from rayaug.spec import parse_spec
 
@@ -92,6 +94,22 @@ def test_a_box_still_encloses_its_object(ops: list[dict]) -> None:
             continue
         assert sample.targets.classes == [3]
         assert iou(boxes[0], found) > 0.75, (sample.ops, boxes[0], found)
+
+
+def test_each_box_is_clipped_or_dropped_on_its_own_and_keeps_its_class() -> None:
+    # A crop 50 px in from the left onto a 100x100 canvas (a translation)
+    boxes = [
+        [0.0, 0.0, 40.0, 40.0],  # left of the crop: gone
+        [60.0, 10.0, 90.0, 40.0],  # inside: moved
+        [40.0, 50.0, 70.0, 80.0],  # two thirds inside: clipped
+        [0.0, 60.0, 58.0, 90.0],  # 8 of 58 px inside, under MIN_VISIBLE: dropped
+        [45.0, 0.0, 55.0, 10.0],  # half inside: clipped
+    ]
+    crop = scale_translate(1, 1, -50, 0)
+    moved = targets.move(Targets(boxes, [1, 2, 3, 4, 5]), crop, (100, 200), (100, 100))
+    assert moved.boxes == [[10.0, 10.0, 40.0, 40.0], [0.0, 50.0, 20.0, 80.0], [0.0, 0.0, 5.0, 10.0]]
+    assert moved.classes == [2, 3, 5]
+    assert targets.move(Targets(), crop, (100, 200), (100, 100)) == Targets()
 
 
 def test_mask_moves_with_nearest_sampling_and_keeps_its_ids() -> None:
