@@ -60,8 +60,9 @@ def test_bench_quick_reports_runners_views_and_ratio(tmp_path: Path) -> None:
         ratios = data["ratios"]["c"][views][str(N)]
         assert set(ratios) == {"floor", "albumentations"}, views
         for peer in ratios.values():
-            assert set(peer) == {"end_to_end", "steady_state"}
+            assert set(peer) == {"end_to_end", "steady_state", "rounds"}
             assert peer["end_to_end"] > 0
+            assert peer["rounds"] == [{k: peer[k] for k in ("end_to_end", "steady_state")}]
     assert set(data["targets"]["c"]) == {
         f"{kind}_views_{views}_at_{N}_ge_{bound}"
         for views in VIEWS
@@ -115,7 +116,8 @@ def assert_runs_complete(data: dict, recipe: str, runners: tuple[str, ...]) -> N
         runs = data["results"][recipe][views][str(N)]
         assert set(runs) == set(runners), (recipe, views)
         for name in runners:
-            run = runs[name]
+            assert len(runs[name]) == 1, (recipe, views, name)  # one round
+            run = runs[name][0]
             where = (recipe, views, name)
             assert run["error"] is None, (where, run["error"])
             assert run["views"] == int(views) and run["sources"] * int(views) == N, where
@@ -211,3 +213,80 @@ def test_no_4n_runs_each_photo_set_at_n_only(benchmark_package: None) -> None:
     assert sizes(parse_args(["--photos", "varied"])) == [20_000, 80_000]
     assert sizes(parse_args(["--photos", "varied", "--no-4n"])) == [20_000]
     assert sizes(parse_args(["--quick", "--n", "40"])) == [40]
+
+
+def test_rounds_alternate_the_runners_and_take_the_median_of_each_rounds_ratio(
+    benchmark_package: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`--rounds 3`: the runners three times, the order reversed in the second round (no
+    runner always first), and each ratio the median of the rounds' own ratios, a round
+    where a runner failed left out; every round's ratio is printed under the median."""
+    from benchmark import __main__ as bench
+    from benchmark.measuring import Result
+    from benchmark.photos import Photos
+    from benchmark.recipes import RECIPES as TABLE
+    from benchmark.report import print_recipe, ratios, targets
+    from benchmark.runners import Setting
+
+    # (end to end, steady) samples/s by round and runner; Albumentations fails round 2
+    rates = {
+        (1, "albumentations"): (1000.0, 1000.0),
+        (1, "rayaug"): (1000.0, 1500.0),
+        (2, "albumentations"): None,
+        (2, "rayaug"): (900.0, 900.0),
+        (3, "albumentations"): (1000.0, 1000.0),
+        (3, "rayaug"): (1300.0, 1300.0),
+    }
+    order = []
+
+    def run_one(name, recipe, photos, views, setting, round_number):
+        order.append((round_number, name))
+        rate = rates[round_number, name]
+        samples = photos.sources * views
+        if rate is None:  # produced nothing
+            return Result(name, recipe.key, views, photos.sources, samples, error="exit 1")
+        return Result(
+            name,
+            recipe.key,
+            views,
+            photos.sources,
+            samples,
+            outputs=samples,
+            complete=True,
+            samples_per_second=rate[0],
+            steady_samples_per_second=rate[1],
+            startup_seconds=float(round_number),
+            commits=10,
+        )
+
+    photos = Photos(tmp_path, tmp_path / "annotations.json", 10, "test")
+    monkeypatch.setattr(bench, "run_one", run_one)
+    monkeypatch.setattr(bench, "inputs_for", lambda args, views, run_dir: [photos])
+    args = bench.parse_args(
+        ["--recipe", "c", "--views", "8", "--rounds", "3", "--only", "albumentations,rayaug"]
+    )
+    results = bench.run_all(args, Setting(tmp_path, tmp_path, False, False))
+
+    assert order == [
+        (1, "albumentations"),
+        (1, "rayaug"),
+        (2, "rayaug"),
+        (2, "albumentations"),
+        (3, "albumentations"),
+        (3, "rayaug"),
+    ]
+    assert [len(runs) for runs in results["c"][8][80].values()] == [3, 3]
+    table = ratios(results)
+    cell = table["c"]["8"]["80"]["albumentations"]
+    assert cell["rounds"] == [
+        {"end_to_end": 1.0, "steady_state": 1.5},
+        {"end_to_end": None, "steady_state": None},
+        {"end_to_end": 1.3, "steady_state": 1.3},
+    ]
+    assert (cell["end_to_end"], cell["steady_state"]) == (1.15, 1.4)
+    assert all(targets(table)["c"].values())  # 1.15 ≥ 1.0 and 1.4 ≥ 1.2
+    capsys.readouterr()
+    print_recipe(TABLE["c"], results["c"], table)
+    printed = capsys.readouterr().out
+    assert "the median of 3 rounds, then each round's" in printed
+    assert "1.15 / 1.40" in printed and "round 2" in printed and "- / -" in printed

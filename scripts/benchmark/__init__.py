@@ -16,6 +16,10 @@ COCO annotations.json with a few boxes per photo), then, for each number of view
   rayaug-s3       (--only or --s3) rayaug writing to S3 on a SeaweedFS server on loopback
   dali            (--only with --gpu; recipes a, b) NVIDIA DALI on the GPU
 
+With `--rounds K` each recipe's runners run K times, round by round (the order reversed every
+other round), and a ratio is the median of the K rounds' ratios: one run on a shared machine
+moves a ratio by about 0.1.
+
 A sample is one output view; every figure is samples/s. Every runner is its own process tree,
 timed end to end (interpreter start and imports included), with the RSS and PSS of the whole
 tree sampled every 0.2 s. Commit times are the modification times of the committed files
@@ -27,7 +31,8 @@ to end and >= 1.2x in steady state at 20,000 samples.
 
     scripts/bench [--recipe a,b,c,d] [--views 1,8] [--n 20000] [--quick | --no-4n]
                   [--photos bundled|varied|phone] [--input DIR]
-                  [--only floor,albumentations,rayaug] [--s3] [--gpu] [--json FILE] [--keep]
+                  [--only floor,albumentations,rayaug] [--rounds K] [--s3] [--gpu]
+                  [--json FILE] [--keep]
     scripts/bench --augment-only [--device cpu|cuda] [--recipe ...] [--views ...] [--n N]
                   [--repeat K] [--batch-size B] [--json FILE]   # the augment stage alone
 """

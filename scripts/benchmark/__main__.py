@@ -116,11 +116,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="--augment-only: use each photo K times under K keys (other "
         "parameters): N samples from N / (views x K) photos",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run each recipe's runners K times, round by round, the order reversed every "
+        "other round; a ratio is the median over the rounds of each round's rayaug ÷ peer "
+        "(one run on a busy machine moves a ratio by about 0.1)",
+    )
     add_reader_arguments(parser)
     args = parser.parse_args(argv)
     args.n = args.n or (200 if args.quick else PHOTO_SETS[args.photos].default_n)
-    if args.n < 1 or args.repeat < 1:
-        parser.error("--n and --repeat must be ≥ 1")
+    if args.n < 1 or args.repeat < 1 or args.rounds < 1:
+        parser.error("--n, --repeat and --rounds must be ≥ 1")
     args.recipes = _listed(parser, "recipe", args.recipe, RECIPES)
     args.views = [int(v) for v in _listed(parser, "views", args.views, None)]
     if args.input and not args.input.is_dir():
@@ -212,7 +221,9 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 def run_all(args: argparse.Namespace, setting: Setting) -> Results:
     """Views by views, size by size (all recipes at N first), each recipe's runners back to
-    back on the same input."""
+    back on the same input, `--rounds` times. A round's runs follow each other, so its ratio
+    compares runs of one moment of the machine; the order turns every other round, so no
+    runner always runs first (after the page cache warmed) or last."""
     results: Results = {key: {} for key in args.recipes}
     for views in args.views:
         for photos in inputs_for(args, views, setting.run_dir):
@@ -220,10 +231,12 @@ def run_all(args: argparse.Namespace, setting: Setting) -> Results:
             print(f"\nviews {views}, N = {samples} samples: {describe(photos)}", flush=True)
             for key in args.recipes:
                 by_runner = results[key].setdefault(views, {}).setdefault(samples, {})
-                for name in args.runners:
-                    if applies(name, key):
-                        by_runner[name] = run_one(name, RECIPES[key], photos, views, setting)
-                        print_result(by_runner[name])
+                names = [name for name in args.runners if applies(name, key)]
+                for number in range(1, args.rounds + 1):
+                    for name in names if number % 2 else names[::-1]:
+                        result = run_one(name, RECIPES[key], photos, views, setting, number)
+                        by_runner.setdefault(name, []).append(result)
+                        print_result(result, number, args.rounds)
     return results
 
 
@@ -236,6 +249,7 @@ def config(args: argparse.Namespace, results: Results) -> dict:
         "views": args.views,
         "sizes": {str(v): s for v, s in run_sizes.items()},
         "quick": args.quick,
+        "rounds": args.rounds,
         "seed": SEED,
         "photos": str(args.input) if args.input else args.photos,
         "photo_set": None if args.input else asdict(PHOTO_SETS[args.photos]),

@@ -1,11 +1,13 @@
 """The report: the machine, one line per run, a table per recipe with the ratios rayaug ÷ each
 peer (end to end / steady state) side by side over views and sizes, a summary against issue
-17's targets, and everything as JSON."""
+17's targets, and everything as JSON. With several rounds, a ratio is the median over the
+rounds of each round's ratio, and each round's is printed under it."""
 
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict
 from importlib import metadata
@@ -19,13 +21,17 @@ from .measuring import Result
 from .recipes import Recipe
 from .runners import PEERS
 
-Results = dict[str, dict[int, dict[int, dict[str, Result]]]]  # recipe, views, samples, runner
-Ratios = dict[str, dict[str, dict[str, dict[str, dict[str, float | None]]]]]  # same, as str
+# recipe, views, samples, runner: each round's run
+Results = dict[str, dict[int, dict[int, dict[str, list[Result]]]]]
+# recipe, views, samples, peer (as str): {"end_to_end": median, "steady_state": median,
+# "rounds": [{"end_to_end": ..., "steady_state": ...} for each round both ran well]}
+Ratios = dict[str, dict[str, dict[str, dict[str, dict[str, Any]]]]]
 MIN_COMMITS = 8  # fewer commits than this: the steady-state figure is noise (a note says so)
 # Issue 17's targets, rayaug ÷ Albumentations, every recipe at every views (same run, same
 # machine); stated at 20,000 samples, checked at every size run.
 TARGETS = {"end_to_end": 1.0, "steady_state": 1.2}
 TARGET_SAMPLES = 20_000
+RATES = {"end_to_end": "samples_per_second", "steady_state": "steady_samples_per_second"}
 
 
 def _version(package: str) -> str:
@@ -89,11 +95,12 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def print_result(result: Result) -> None:
+def print_result(result: Result, round_number: int = 1, rounds: int = 1) -> None:
     if result.error:
         print(f"  {result.runner}: FAILED ({result.error})", flush=True)
     print(
-        f"  {result.recipe} {result.runner:15} views {result.views:<3} {result.samples:>7} "
+        (f"  round {round_number}/{rounds}" if rounds > 1 else "")
+        + f"  {result.recipe} {result.runner:15} views {result.views:<3} {result.samples:>7} "
         f"samples  {_num(result.samples_per_second):>8} samples/s end to end  "
         f"{_num(result.steady_samples_per_second):>8} steady  "
         f"start-up {_num(result.startup_seconds, 2):>6} s  "
@@ -113,18 +120,29 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 3) if ours and theirs else None
 
 
-def peer_ratios(by_runner: dict[str, Result]) -> dict[str, dict[str, float | None]]:
-    """rayaug ÷ each peer that ran well, end to end and in steady state; {} without rayaug."""
-    ours = by_runner.get("rayaug")
-    if not ours or not ours.good:
-        return {}
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 3) if known else None
+
+
+def peer_ratios(by_runner: dict[str, list[Result]]) -> dict[str, dict[str, Any]]:
+    """rayaug ÷ each peer, end to end and in steady state: each round's (None where either
+    run failed) and their median; no peer without a good round ({} without rayaug)."""
+    ours = by_runner.get("rayaug", [])
+    table: dict[str, dict[str, Any]] = {}
+    for peer, theirs in by_runner.items() if ours else ():
+        rounds = [_round_ratios(o, t) for o, t in zip(ours, theirs, strict=True)]
+        if peer in PEERS and any(r["end_to_end"] is not None for r in rounds):
+            table[peer] = {kind: _median([r[kind] for r in rounds]) for kind in RATES}
+            table[peer]["rounds"] = rounds
+    return table
+
+
+def _round_ratios(ours: Result, theirs: Result) -> dict[str, float | None]:
+    good = ours.good and theirs.good
     return {
-        peer: {
-            "end_to_end": _ratio(ours.samples_per_second, r.samples_per_second),
-            "steady_state": _ratio(ours.steady_samples_per_second, r.steady_samples_per_second),
-        }
-        for peer, r in by_runner.items()
-        if peer in PEERS and r.good
+        kind: _ratio(getattr(ours, rate), getattr(theirs, rate)) if good else None
+        for kind, rate in RATES.items()
     }
 
 
@@ -159,19 +177,20 @@ def _at_least(value: float | None, bound: float) -> bool | None:
 
 
 def print_recipe(
-    recipe: Recipe, by_views: dict[int, dict[int, dict[str, Result]]], table: Ratios
+    recipe: Recipe, by_views: dict[int, dict[int, dict[str, list[Result]]]], table: Ratios
 ) -> None:
     print(f"\n{recipe.headline()}")
     print(
-        f"  {'runner':15} {'views':>5} {'samples':>7} {'e2e sam/s':>10} {'steady':>9}"
+        f"  {'runner':15} {'round':>5} {'views':>5} {'samples':>7} {'e2e sam/s':>10} {'steady':>9}"
         f" {'start-up s':>10} {'wall s':>8} {'RSS MiB':>8} {'PSS MiB':>8} {'procs':>5}  ok"
     )
     for views, by_n in by_views.items():
         for n, by_runner in by_n.items():
-            for r in by_runner.values():
+            for number, r in (x for runs in by_runner.values() for x in enumerate(runs, 1)):
                 ok = "yes" if r.complete and not r.error else f"NO ({r.outputs}/{r.samples})"
                 print(
-                    f"  {r.runner:15} {views:>5} {n:>7} {_num(r.samples_per_second):>10} "
+                    f"  {r.runner:15} {number:>5} {views:>5} {n:>7} "
+                    f"{_num(r.samples_per_second):>10} "
                     f"{_num(r.steady_samples_per_second):>9} "
                     f"{_num(r.startup_seconds, 2):>10} {_num(r.wall_seconds):>8} "
                     f"{_mib(r.peak_rss_bytes):>8} {_mib(r.peak_pss_bytes):>8} "
@@ -180,24 +199,33 @@ def print_recipe(
     print_ratios(table.get(recipe.key, {}))
 
 
-def print_ratios(by_views: dict[str, dict[str, dict[str, dict[str, float | None]]]]) -> None:
-    """rayaug ÷ peer, one column per (views, size), side by side."""
+def print_ratios(by_views: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> None:
+    """rayaug ÷ peer, one column per (views, size), side by side; under each median of
+    several rounds, each round's ratio."""
     columns = [(views, n) for views, by_n in by_views.items() for n in by_n]
     peers = [p for p in PEERS if any(p in by_views[v][n] for v, n in columns)]
     if not peers:
         print("  no ratios: rayaug and at least one peer must both run")
         return
-    print("  rayaug ÷ peer, end to end / steady state:")
+    rounds = max(len(c["rounds"]) for v, n in columns for c in by_views[v][n].values())
+    print(
+        "  rayaug ÷ peer, end to end / steady state"
+        + (f", the median of {rounds} rounds, then each round's:" if rounds > 1 else ":")
+    )
     print(f"  {'peer':15}" + "".join(f" {f'V={v} N={n}':>18}" for v, n in columns))
     for peer in peers:
         cells = [by_views[v][n].get(peer, {}) for v, n in columns]
-        print(
-            f"  {peer:15}"
-            + "".join(
-                f" {_num(c.get('end_to_end'), 2):>9} / {_num(c.get('steady_state'), 2):<6}"
-                for c in cells
+        print(f"  {peer:15}" + "".join(_pair(c) for c in cells))
+        for number in range(rounds if rounds > 1 else 0):
+            each = [c.get("rounds", []) for c in cells]
+            print(
+                f"  {f'  round {number + 1}':15}"
+                + "".join(_pair(r[number] if number < len(r) else {}) for r in each)
             )
-        )
+
+
+def _pair(cell: dict[str, Any]) -> str:
+    return f" {_num(cell.get('end_to_end'), 2):>9} / {_num(cell.get('steady_state'), 2):<6}"
 
 
 def print_summary(results: Results, table: Ratios, verdicts: dict) -> None:
@@ -221,7 +249,7 @@ def print_summary(results: Results, table: Ratios, verdicts: dict) -> None:
         )
     print(
         "\nsummary: rayaug ÷ Albumentations (end to end / steady state), rayaug ÷ floor "
-        "(end to end), rayaug start-up s; targets "
+        "(end to end), rayaug start-up s (medians where several rounds ran); targets "
         + ", ".join(f"{kind} ≥ {bound}" for kind, bound in TARGETS.items())
     )
     print(
@@ -233,12 +261,12 @@ def print_summary(results: Results, table: Ratios, verdicts: dict) -> None:
             for n, by_runner in by_n.items():
                 cells = table[recipe][str(views)][str(n)]
                 albu, floor = cells.get("albumentations", {}), cells.get("floor", {})
-                ours = by_runner.get("rayaug")
+                starts = [r.startup_seconds for r in by_runner.get("rayaug", [])]
                 print(
                     f"  {recipe:7} {views:>5} {n:>7} {_num(albu.get('end_to_end'), 2):>9} / "
                     f"{_num(albu.get('steady_state'), 2):<7} "
                     f"{_num(floor.get('end_to_end'), 2):>6} "
-                    f"{_num(ours.startup_seconds if ours else None):>6}  "
+                    f"{_num(_median(starts)):>6}  "
                     f"{_verdict(verdicts[recipe], views, n)}"
                 )
 
@@ -259,7 +287,8 @@ def _every(results: Results) -> list[Result]:
         for by_views in results.values()
         for by_n in by_views.values()
         for by_runner in by_n.values()
-        for r in by_runner.values()
+        for runs in by_runner.values()
+        for r in runs
     ]
 
 
@@ -276,14 +305,15 @@ def report_json(
     verdicts: dict,
 ) -> None:
     document = {
-        "schema": 3,
+        "schema": 4,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
         "config": config,
         "results": {
             recipe: {
                 str(views): {
-                    str(n): {name: asdict(r) for name, r in rs.items()} for n, rs in by_n.items()
+                    str(n): {name: [asdict(r) for r in runs] for name, runs in rs.items()}
+                    for n, rs in by_n.items()
                 }
                 for views, by_n in by_views.items()
             }

@@ -55,8 +55,11 @@ def applies(runner: str, recipe: str) -> bool:
     return runner not in FOUR_OPS_ONLY or recipe in FOUR_OPS
 
 
-def run_one(name: str, recipe: Recipe, photos: Photos, views: int, setting: Setting) -> Result:
+def run_one(
+    name: str, recipe: Recipe, photos: Photos, views: int, setting: Setting, round_number: int = 1
+) -> Result:
     work = setting.run_dir / f"v{views}" / f"s{photos.sources}" / recipe.key / name
+    work /= f"round{round_number}"
     shutil.rmtree(work, ignore_errors=True)
     if name in PEERS:
         result = run_peer(name, recipe, photos, views, work, setting.ray_tmp)
