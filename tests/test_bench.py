@@ -216,12 +216,15 @@ def test_no_4n_runs_each_photo_set_at_n_only(benchmark_package: None) -> None:
 
 
 def test_rounds_alternate_the_runners_and_take_the_median_of_each_rounds_ratio(
-    benchmark_package: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+    benchmark_package: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`--rounds 3`: the runners three times, the order reversed in the second round (no
     runner always first), and each ratio the median of the rounds' own ratios, a round
     where a runner failed left out; every round's ratio is printed under the median."""
-    from benchmark import __main__ as bench
+    from benchmark import __main__ as bench_main
     from benchmark.measuring import Result
     from benchmark.photos import Photos
     from benchmark.recipes import RECIPES as TABLE
@@ -239,7 +242,9 @@ def test_rounds_alternate_the_runners_and_take_the_median_of_each_rounds_ratio(
     }
     order = []
 
-    def run_one(name, recipe, photos, views, setting, round_number):
+    def run_one(
+        name: str, recipe, photos: Photos, views: int, setting, round_number: int
+    ) -> Result:
         order.append((round_number, name))
         rate = rates[round_number, name]
         samples = photos.sources * views
@@ -260,12 +265,12 @@ def test_rounds_alternate_the_runners_and_take_the_median_of_each_rounds_ratio(
         )
 
     photos = Photos(tmp_path, tmp_path / "annotations.json", 10, "test")
-    monkeypatch.setattr(bench, "run_one", run_one)
-    monkeypatch.setattr(bench, "inputs_for", lambda args, views, run_dir: [photos])
-    args = bench.parse_args(
+    monkeypatch.setattr(bench_main, "run_one", run_one)
+    monkeypatch.setattr(bench_main, "inputs_for", lambda args, views, run_dir: [photos])
+    args = bench_main.parse_args(
         ["--recipe", "c", "--views", "8", "--rounds", "3", "--only", "albumentations,rayaug"]
     )
-    results = bench.run_all(args, Setting(tmp_path, tmp_path, False, False))
+    results = bench_main.run_all(args, Setting(tmp_path, tmp_path, False, False))
 
     assert order == [
         (1, "albumentations"),

@@ -24,7 +24,7 @@ from .runners import PEERS
 # recipe, views, samples, runner: each round's run
 Results = dict[str, dict[int, dict[int, dict[str, list[Result]]]]]
 # recipe, views, samples, peer (as str): {"end_to_end": median, "steady_state": median,
-# "rounds": [{"end_to_end": ..., "steady_state": ...} for each round both ran well]}
+# "rounds": [{"end_to_end": ..., "steady_state": ...} for each round, None where a run failed]}
 Ratios = dict[str, dict[str, dict[str, dict[str, dict[str, Any]]]]]
 MIN_COMMITS = 8  # fewer commits than this: the steady-state figure is noise (a note says so)
 # Issue 17's targets, rayaug ÷ Albumentations, every recipe at every views (same run, same
