@@ -205,6 +205,30 @@ def test_augment_only_runs_every_recipe_and_views_on_the_cpu_without_ray(tmp_pat
             assert result["samples_per_second"] > 0, (views, recipe)
 
 
+@pytest.mark.timeout(300)
+def test_augment_only_times_the_albumentations_loop_beside_rayaugs_stage(tmp_path: Path) -> None:
+    """`--loop`: the loop's samples of the same photos (recipe d's with their boxes), and the
+    ratio of the two rates; only with --augment-only on the CPU."""
+    pytest.importorskip("albumentations")
+    report = tmp_path / "augment.json"
+    common = ("--augment-only", "--recipe", "c,d", "--views", "1,8", "--n", "16", "--loop")
+    done = bench(*common, "--json", str(report), timeout=280)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    data = json.loads(report.read_text())
+    assert data["config"]["loop"] is True
+    for views, by_recipe in data["results"].items():
+        for recipe, result in by_recipe.items():
+            loop = result["loop"]
+            assert loop["samples"] == result["expected"] == 16, (views, recipe)
+            assert loop["samples_per_second"] > 0 and loop["seconds"] > 0, (views, recipe)
+            rate = result["samples_per_second"] / loop["samples_per_second"]
+            assert result["ratio"] == pytest.approx(rate, rel=0.01), (views, recipe)
+    assert "Albumentations, each source decoded once" in done.stdout
+    refused = bench(*common, "--device", "cuda", timeout=60)
+    assert refused.returncode == 2
+    assert "--loop goes with --augment-only on the cpu" in refused.stderr
+
+
 def test_no_4n_runs_each_photo_set_at_n_only(benchmark_package: None) -> None:
     """`--no-4n` runs N alone, as --quick does, at the N asked for: a 20,000-sample run of a
     generated set without generating four times its photos."""

@@ -117,6 +117,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "parameters): N samples from N / (views x K) photos",
     )
     parser.add_argument(
+        "--loop",
+        action="store_true",
+        help="--augment-only on the cpu: also Albumentations' loop (each source decoded once, "
+        "its views drawn from it) in this process on the same photos, shard by shard after "
+        "rayaug's stage, and the ratio: the two per core, without Ray or a pool",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -130,6 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.n = args.n or (200 if args.quick else PHOTO_SETS[args.photos].default_n)
     if args.n < 1 or args.repeat < 1 or args.rounds < 1:
         parser.error("--n, --repeat and --rounds must be ≥ 1")
+    if args.loop and (not args.augment_only or args.device != "cpu"):
+        parser.error("--loop goes with --augment-only on the cpu")
     args.recipes = _listed(parser, "recipe", args.recipe, RECIPES)
     args.views = [int(v) for v in _listed(parser, "views", args.views, None)]
     if args.input and not args.input.is_dir():

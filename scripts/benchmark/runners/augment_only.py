@@ -1,12 +1,15 @@
 """--augment-only: `rayaug.augment.Augmenter` alone, in this process, no Ray (importing Ray here
 fails on purpose): the sources read into memory first (not timed), then decode -> ops ->
 encode per recipe and views, shard by shard as an actor gets them, timed; prints samples/s.
+With --loop, each shard's sources then go through Albumentations' loop in this process too
+(`pool.albu_samples`, the pool runner's own code), timed apart: the two per core, side by side.
 The GPU check (scripts/gpu-check) runs this on a lent GPU machine with --device cuda."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import shutil
@@ -19,6 +22,7 @@ from typing import Any
 from ..photos import Photos, describe, own_photos, photos_for
 from ..recipes import RECIPES, Recipe, rayaug_spec
 from ..report import machine_info, print_machine
+from . import pool
 
 
 def run_augment_only(args: argparse.Namespace) -> int:
@@ -26,6 +30,9 @@ def run_augment_only(args: argparse.Namespace) -> int:
     gpu_name = cuda_name(args.device)
     if gpu_name == "":
         print(f"--device {args.device}: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if args.loop and importlib.util.find_spec("albumentations") is None:
+        print("--loop: albumentations is not installed (the bench extra)", file=sys.stderr)
         return 2
     info = machine_info(gpu_name)
     print_machine(info)
@@ -93,7 +100,9 @@ def augment_recipe(
     )
     spec_data["execution"]["batch_size"] = args.batch_size
     spec = parse_spec(spec_data, f"recipe {recipe.key}")
-    result = time_augmenter(spec, args.device, args.repeat)
+    if args.loop:
+        pool.start_albumentations(recipe, views, str(photos.annotations) if recipe.boxes else None)
+    result = time_augmenter(spec, args.device, args.repeat, args.loop)
     result |= {
         "recipe": recipe.key,
         "views": views,
@@ -107,11 +116,23 @@ def augment_recipe(
         f"{result['read_seconds']:.2f} s untimed, {result['quarantined']} quarantined)",
         flush=True,
     )
+    if args.loop:
+        loop = result["loop"]
+        print(
+            f"  {recipe.key} views {views:<3} {'Albumentations, each source decoded once':58} "
+            f"{loop['samples_per_second']:>9,.1f} samples/s  ({loop['samples']} in "
+            f"{loop['seconds']:.2f} s, shard by shard after rayaug's); rayaug ÷ loop "
+            f"{result['ratio']:.2f}",
+            flush=True,
+        )
     return result
 
 
-def time_augmenter(spec: Any, device: str, repeat: int) -> dict[str, Any]:
-    """Read every unit (untimed), one warm-up batch (timed apart), then every unit, timed."""
+def time_augmenter(spec: Any, device: str, repeat: int, loop: bool = False) -> dict[str, Any]:
+    """Read every unit (untimed), one warm-up batch (timed apart), then every unit, timed.
+    With `loop` (this process set up by `pool.start_albumentations`), each unit's sources go
+    through the Albumentations loop right after rayaug's stage, timed apart: the two take
+    turns shard by shard, so a drift of the machine reaches both."""
     from rayaug import allocator, sources, storage
     from rayaug.augment import Augmenter
 
@@ -122,12 +143,13 @@ def time_augmenter(spec: Any, device: str, repeat: int) -> dict[str, Any]:
     units = [
         sources.read_unit(location, spec.input, listing.format, unit) for unit in listing.units
     ]
-    if repeat > 1:  # each source again under another key: other seeds, other parameters
-        units = [
-            [dataclasses.replace(s, key=f"{s.key}~{k}") for s in unit]
-            for k in range(repeat)
-            for unit in units
-        ]
+    # Each source again under another key for rayaug (other seeds, other parameters); the
+    # loop draws other parameters anyway, and its boxes are found by the source's own key.
+    pairs = [
+        ([dataclasses.replace(s, key=f"{s.key}~{k}") for s in unit] if repeat > 1 else unit, unit)
+        for k in range(repeat)
+        for unit in units
+    ]
     read = time.monotonic() - started
     augmenter = Augmenter(spec, device)
     allocator.exempt_loaded_objects()  # as in the job's actors
@@ -135,23 +157,40 @@ def time_augmenter(spec: Any, device: str, repeat: int) -> dict[str, Any]:
     augmenter.augment(units[0][: spec.execution.batch_size])
     synchronize(device)
     warmup = time.monotonic() - started
-    samples = quarantined = 0
-    started = time.monotonic()
-    for unit in units:  # one unit = one output shard, as an actor gets them
+    if loop:
+        pool.albu_samples(_loop_sources(units[0][:2]))  # its first calls, not counted either
+    samples = quarantined = loop_samples = 0
+    seconds = loop_seconds = 0.0
+    for unit, plain in pairs:  # one unit = one output shard, as an actor gets them
+        started = time.monotonic()
         output = augmenter.augment(unit)
+        synchronize(device)
+        seconds += time.monotonic() - started
         samples += len(output.samples)
         quarantined += len(output.quarantined)
-    synchronize(device)
-    seconds = time.monotonic() - started
-    return {
+        if loop:
+            started = time.monotonic()
+            loop_samples += len(pool.albu_samples(_loop_sources(plain))[0])
+            loop_seconds += time.monotonic() - started
+    result = {
         "samples": samples,
         "quarantined": quarantined,
         "seconds": round(seconds, 3),
         "samples_per_second": round(samples / seconds, 2),
         "warmup_seconds": round(warmup, 3),
         "read_seconds": round(read, 3),
-        "shards": len(units),
+        "shards": len(pairs),
     }
+    if loop:
+        rate = loop_samples / loop_seconds
+        loop_result = {"samples": loop_samples, "seconds": round(loop_seconds, 3)}
+        result["loop"] = loop_result | {"samples_per_second": round(rate, 2)}
+        result["ratio"] = round(samples / seconds / rate, 3)
+    return result
+
+
+def _loop_sources(unit: list[Any]) -> list[tuple[str, bytes]]:
+    return [(source.key, source.data) for source in unit if source.data]
 
 
 def synchronize(device: str) -> None:
@@ -180,6 +219,7 @@ def write_json(
             "photos": str(args.input) if args.input else args.photos,
             "inputs": inputs,
             "batch_size": args.batch_size,
+            "loop": args.loop,
             "recipes": {k: RECIPES[k].describe() for k in args.recipes},
         },
         "results": results,

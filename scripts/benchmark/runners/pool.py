@@ -8,7 +8,7 @@ import io
 import json
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +113,34 @@ def _albu_init(annotations: str | None) -> None:
             classes.append(box["category_id"])
 
 
+def start_albumentations(recipe: Recipe, views: int, annotations: str | None) -> None:
+    """This process as one of the pool's Albumentations processes (for a loop in this
+    process: `scripts/bench --augment-only --loop`)."""
+    global _RECIPE, _VIEWS
+    _RECIPE, _VIEWS = recipe, views
+    _albu_init(annotations)
+
+
 def _albu_shard(task: Task) -> int:
-    """Each source decoded once (cv2.imdecode), its V views drawn from that array."""
+    index, items, out = task
+    keys, encoded, targets = albu_samples((key, path.read_bytes()) for key, path in items)
+    write_shard(
+        out / f"part-{index:05d}.parquet", keys, encoded, targets if _BOXES is not None else None
+    )
+    return len(encoded)
+
+
+def albu_samples(
+    sources: Iterable[tuple[str, bytes]],
+) -> tuple[list[str], list[bytes], list[str | None]]:
+    """Each source decoded once (cv2.imdecode), its V views drawn from that array and encoded:
+    the samples' keys, JPEGs and moved boxes as JSON (None without boxes)."""
     import cv2
     import numpy as np
 
-    index, items, out = task
     keys, encoded, targets = [], [], []
-    for key, path in items:
-        bgr = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR)
+    for key, data in sources:
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
         for view in range(_VIEWS):
             augmented, target = _albu_view(key, rgb)
@@ -134,10 +153,7 @@ def _albu_shard(task: Task) -> int:
                 keys.append(sample_key(key, view))
                 encoded.append(jpeg.tobytes())
                 targets.append(target)
-    write_shard(
-        out / f"part-{index:05d}.parquet", keys, encoded, targets if _BOXES is not None else None
-    )
-    return len(encoded)
+    return keys, encoded, targets
 
 
 def _albu_view(key: str, rgb: Any) -> tuple[Any, str | None]:
