@@ -34,7 +34,7 @@ to end and >= 1.2x in steady state at 20,000 samples.
                   [--only floor,albumentations,rayaug] [--rounds K] [--s3] [--gpu]
                   [--json FILE] [--keep]
     scripts/bench --augment-only [--device cpu|cuda] [--recipe ...] [--views ...] [--n N]
-                  [--repeat K] [--batch-size B] [--json FILE]   # the augment stage alone
+                  [--repeat K] [--batch-size B] [--loop] [--json FILE]   # the augment stage alone
 """
 
 from __future__ import annotations
