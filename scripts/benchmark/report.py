@@ -216,8 +216,8 @@ def print_ratios(by_views: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> N
     for peer in peers:
         cells = [by_views[v][n].get(peer, {}) for v, n in columns]
         print(f"  {peer:15}" + "".join(_pair(c) for c in cells))
-        for number in range(rounds if rounds > 1 else 0):
-            each = [c.get("rounds", []) for c in cells]
+        each = [c.get("rounds", []) for c in cells]
+        for number in range(rounds) if rounds > 1 else ():
             print(
                 f"  {f'  round {number + 1}':15}"
                 + "".join(_pair(r[number] if number < len(r) else {}) for r in each)
