@@ -21,6 +21,7 @@ from s3server import SeaweedS3
 
 from rayaug import sampledata
 from rayaug.errors import UsageError
+from rayaug.formats import input_format
 from rayaug.records import SourceSample
 from rayaug.sampledata import SamplePhoto
 from rayaug.sources import ReadAhead, SourceIndex, list_input, read_one, read_unit, stream_unit
@@ -403,6 +404,38 @@ def test_the_source_index_marks_duplicate_keys_like_the_read_stage(
     index = SourceIndex(location, spec, "parquet", listing.units)
     assert [index.read(i).key for i in range(4)] == ["x", "y", "x~dup1", "z"]
     assert "duplicate source key" in index.read(2).error
+
+
+@pytest.mark.parametrize("fmt", ["folder", "parquet", "webdataset"])
+def test_a_split_unit_reads_the_units_sources_in_parts(
+    fmt: str, photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    """The plan splits a run's first and last units (rayaug.plan.with_small_ends): the parts
+    read the unit's samples, in order, each once. A tar is read whole, so it stays whole."""
+    _write(fmt, photos[:10], tmp_path / "in")
+    location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
+    spec = InputSpec(uri=location.uri)
+    (unit,) = list_input(location, spec, shard_size=10).units
+    parts = input_format(fmt).split_unit(unit, 3)
+    if fmt == "webdataset":
+        assert parts == [unit]
+        return
+    assert [part.planned for part in parts] == [3, 3, 4]
+    read = [s for part in parts for s in read_unit(location, spec, fmt, part)]
+    assert read == read_unit(location, spec, fmt, unit)
+
+
+def test_a_split_parquet_unit_keeps_its_duplicate_keys_marked(
+    photos: list[SamplePhoto], tmp_path: Path
+) -> None:
+    location, spec = _repeated_keys(photos, tmp_path / "in")
+    (unit,) = list_input(location, spec, shard_size=8).units
+    parts = input_format("parquet").split_unit(unit, 2)
+    assert [part.rows for part in parts] == [(0, 2), (2, 4)]
+    assert parts[1].duplicates == ((0, *unit.duplicates[0][1:]),)  # row 2, its part's first
+    read = [s for part in parts for s in read_unit(location, spec, "parquet", part)]
+    assert read == read_unit(location, spec, "parquet", unit)
+    assert "duplicate source key" in read[2].error
 
 
 def test_webdataset_has_no_source_index(photos: list[SamplePhoto], tmp_path: Path) -> None:

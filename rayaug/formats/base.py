@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -133,6 +134,11 @@ class InputFormat:
         """The work units of the files `added` to a listing of which `recorded` was planned
         already (an output that grows): the added files planned on their own."""
         return self.plan(location, spec, added, shard_size, seed).units
+
+    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
+        """The unit's sources, in order, as `parts` units of nearly equal size (named as the
+        unit; the plan renames them). A format whose units are read whole (a tar) keeps it."""
+        return [unit]
 
     def read_unit(
         self, location: Location, spec: InputSpec, unit: WorkUnit
@@ -295,6 +301,12 @@ def extension(path: str) -> str:
 
 def shard_name(index: int) -> str:
     return f"part-{index:05d}"
+
+
+def part_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `parts` nearly equal consecutive parts of `count` items."""
+    edges = [count * part // parts for part in range(parts + 1)]
+    return list(itertools.pairwise(edges))
 
 
 def with_targets(sample: SourceSample, targets: Callable[[], Targets | None]) -> SourceSample:

@@ -14,7 +14,13 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from rayaug import clouds
-from rayaug.formats.base import InputFormat, PositionReader, shard_name, with_targets
+from rayaug.formats.base import (
+    InputFormat,
+    PositionReader,
+    part_bounds,
+    shard_name,
+    with_targets,
+)
 from rayaug.records import Listing, SourceSample, Targets, WorkUnit, placement
 
 if TYPE_CHECKING:
@@ -51,6 +57,12 @@ class FolderInput(InputFormat):
         chunks = [tuple(images[i : i + shard_size]) for i in range(0, len(images), shard_size)]
         units = [WorkUnit(shard_name(i), chunk, None, len(chunk)) for i, chunk in enumerate(chunks)]
         return Listing(self.name, units, files, len(files) - len(images))
+
+    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
+        return [
+            dataclasses.replace(unit, files=unit.files[start:stop], planned=stop - start)
+            for start, stop in part_bounds(len(unit.files), parts)
+        ]
 
     def read_unit(
         self, location: Location, spec: InputSpec, unit: WorkUnit

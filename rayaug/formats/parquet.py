@@ -11,6 +11,7 @@ is recorded in the manifest, so a reader fetches some samples by ranged reads.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import struct
@@ -31,6 +32,7 @@ from rayaug.formats.base import (
     ShardFile,
     data_table,
     images_of,
+    part_bounds,
     shard_name,
     with_targets,
 )
@@ -73,6 +75,24 @@ class ParquetInput(InputFormat):
         paths = {path for path, _ in added}
         units = self.plan(location, spec, recorded + added, shard_size, seed).units
         return [unit for unit in units if unit.files[0] in paths]
+
+    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
+        """Rows of one file: each part's rows, with the duplicates among them (their offsets
+        counted from the part's first row)."""
+        first = unit.rows[0]
+        return [
+            dataclasses.replace(
+                unit,
+                rows=(first + start, first + stop),
+                planned=stop - start,
+                duplicates=tuple(
+                    (offset - start, *rest)
+                    for offset, *rest in unit.duplicates
+                    if start <= offset < stop
+                ),
+            )
+            for start, stop in part_bounds(unit.rows[1] - first, parts)
+        ]
 
     def read_unit(
         self, location: Location, spec: InputSpec, unit: WorkUnit
