@@ -144,6 +144,7 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
     if not commits:
         return result
     result["startup_s"] = round(commits[0] - started, 2)
+    result["commits_s"] = [round(commit - started, 2) for commit in commits]
 
     def at(t: float) -> dict[int, float]:
         """CPU seconds per pid at the sample nearest time t (a pid absent then: 0)."""

@@ -319,3 +319,20 @@ def test_rounds_alternate_the_runners_and_take_the_median_of_each_rounds_ratio(
     printed = capsys.readouterr().out
     assert "the median of 3 rounds, then each round's" in printed
     assert "1.15 / 1.40" in printed and "round 2" in printed and "- / -" in printed
+
+
+def test_steady_state_begins_once_every_worker_has_committed(benchmark_package: None) -> None:
+    """Two workers' first shards, made side by side, commit 0.1 s apart: the second was made
+    before the steady window, whose rate counts only what was committed after it."""
+    from benchmark.measuring import Result, steady_state
+
+    commits = [(107.2, 2048), (105.0, 2048), (105.1, 2048), (107.1, 2048), (109.1, 1000)]
+    two = Result("rayaug", "c", 8, 1136, 9088, workers=2)
+    steady_state(two, commits, started_at=100.0)
+    assert (two.startup_seconds, two.steady_seconds, two.commits) == (5.0, 4.0, 5)
+    assert two.steady_samples_per_second == (2048 * 2 + 1000) / 4.0
+
+    one = Result("rayaug", "c", 8, 1136, 9088, workers=1)  # one worker: from the first commit
+    steady_state(one, commits, started_at=100.0)
+    assert one.steady_seconds == 4.1
+    assert one.steady_samples_per_second == round((2048 * 3 + 1000) / 4.1, 2)

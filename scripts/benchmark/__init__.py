@@ -24,8 +24,9 @@ A sample is one output view; every figure is samples/s. Every runner is its own 
 timed end to end (interpreter start and imports included), with the RSS and PSS of the whole
 tree sampled every 0.2 s. Commit times are the modification times of the committed files
 (rayaug: manifests/*.parquet; pool peers: each Parquet shard; naive-ray: each image file):
-start-up = process start to first commit; steady state = samples committed after the first
-commit / (last commit - first commit). It is a benchmark, not a test: nothing here asserts a
+start-up = process start to first commit; steady state, once every worker (pool process,
+rayaug actor) has committed once = samples committed after that commit / (last commit - that
+commit). It is a benchmark, not a test: nothing here asserts a
 time. Issue 17's targets (rayaug / Albumentations, every recipe, at every views): >= 1.0x end
 to end and >= 1.2x in steady state at 20,000 samples.
 

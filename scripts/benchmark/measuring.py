@@ -124,9 +124,12 @@ class Result:
     complete: bool = False
     wall_seconds: float | None = None
     samples_per_second: float | None = None  # end to end: outputs / (process start to exit)
-    steady_samples_per_second: float | None = None  # after the first commit / (last - first)
+    # After every worker's first commit: samples committed after the workers-th commit /
+    # (last commit - workers-th commit)
+    steady_samples_per_second: float | None = None
     startup_seconds: float | None = None  # process start to first commit
-    steady_seconds: float | None = None  # first commit to last commit
+    steady_seconds: float | None = None  # workers-th commit to last commit
+    workers: int = 1  # processes working side by side (pool processes, rayaug's actors)
     commits: int = 0
     peak_rss_bytes: int | None = None
     peak_pss_bytes: int | None = None
@@ -193,17 +196,23 @@ def finish(
 
 
 def steady_state(result: Result, commits: list[tuple[float, int]], started_at: float) -> None:
-    """Start-up and steady-state figures from (commit time, samples) pairs (epoch seconds)."""
+    """Start-up and steady-state figures from (commit time, samples) pairs (epoch seconds).
+
+    Steady state starts once each of the result's workers has committed once (its
+    `workers`-th commit): the workers start together, so a shard committed just after the
+    first commit was made before it, and counting it would credit a runner for the size of
+    its first shards rather than for its rate."""
     if not commits:
         return
     commits = sorted(commits)
-    first, last = commits[0][0], commits[-1][0]
     result.commits = len(commits)
-    result.startup_seconds = round(first - started_at, 3)
-    result.steady_seconds = round(last - first, 3)
-    if len(commits) >= 2 and last - first >= 0.01:
-        after_first = sum(samples for _, samples in commits[1:])
-        result.steady_samples_per_second = round(after_first / (last - first), 2)
+    result.startup_seconds = round(commits[0][0] - started_at, 3)
+    begun = min(result.workers, len(commits)) - 1
+    begin, last = commits[begun][0], commits[-1][0]
+    result.steady_seconds = round(last - begin, 3)
+    if len(commits) > begun + 1 and last - begin >= 0.01:
+        after = sum(samples for _, samples in commits[begun + 1 :])
+        result.steady_samples_per_second = round(after / (last - begin), 2)
 
 
 def last_json(stdout: str) -> dict[str, Any]:

@@ -305,7 +305,7 @@ def report_json(
     verdicts: dict,
 ) -> None:
     document = {
-        "schema": 4,
+        "schema": 5,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
         "config": config,

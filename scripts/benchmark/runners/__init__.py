@@ -101,6 +101,7 @@ def run_peer(
     ]
     measured = measure(command, child_env(ray_tmp), log)
     result = Result(name, recipe.key, views, photos.sources, photos.sources * views)
+    result.workers = 1 if name == "dali" else cores()  # DALI: one pipeline, threads inside
     commits = committed_files(local_fs(), str(out), ".jpg" if name == "naive-ray" else ".parquet")
     result.outputs = sum(samples for _, samples in commits)
     result.extra = {"work_seconds": last_json(measured.stdout).get("work_seconds")}
@@ -142,6 +143,7 @@ def run_rayaug(
     measured = measure([rayaug_binary(), "run", str(spec_path), "--json"], env, log)
     summary = last_json(measured.stdout)
     result = Result(name, recipe.key, views, photos.sources, photos.sources * views)
+    result.workers = rayaug_actors(spec, setting.gpu)
     filesystem, base = (
         (local_fs(), str(work / "out"))
         if s3 is None
@@ -154,6 +156,15 @@ def run_rayaug(
         for k in ("startup_seconds", "wall_seconds", "samples_per_second", "quarantined")
     }
     return finish(result, measured, log, commits)
+
+
+def rayaug_actors(spec: dict[str, Any], gpu: bool) -> int:
+    """The shard actors of the spec's run on this machine's embedded Ray (rayaug's own rule)."""
+    from rayaug.job import pool_shape
+    from rayaug.spec import ExecutionSpec
+
+    execution = ExecutionSpec.model_validate(spec.get("execution", {}))
+    return pool_shape(execution, cores(), 1.0 if gpu else 0.0).size
 
 
 def rayaug_binary() -> str:
