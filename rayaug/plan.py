@@ -20,14 +20,16 @@ from rayaug.sources import list_input, without_outputs
 from rayaug.spec import JobSpec, dump_spec, fingerprint, parse_spec
 from rayaug.storage import Location
 
-# A run's first and last shards are planned small. The first commit then does not wait for
-# a whole shard (256 sources × 8 views: about 3 s of a core on 300-600 px photos, 20 s on
-# 12 MP ones): an actor holds two shards at once and may run either first, so the first
-# END_PARTS (both calls of two actors) are each a quarter of the first unit. And the job's
-# end does not wait for one actor's whole last shard while the others sit idle. A unit is
-# split only into parts of at least END_PART_SAMPLES samples (sources × views).
+# A run's first and last shards are planned small. The first commit then waits for a
+# sixteenth of a shard, not a whole one (256 sources × 8 views: about 3 s of a core on
+# 300-600 px photos, 25 s on 12 MP ones): an actor holds two shards at once and may run
+# either first, so the first END_PARTS (both calls of two actors) are small. At the end, small
+# last shards go to whichever actors are free, where one actor would make a whole last shard
+# while the others sit idle. A small part is 1/END_FRACTION of its unit's sources, and at
+# least END_PART_SAMPLES samples (sources × views): a shard of few samples stays whole.
 END_PARTS = 4
-END_PART_SAMPLES = 512
+END_FRACTION = 16
+END_PART_SAMPLES = 64
 
 
 def versions() -> dict[str, str]:
@@ -134,21 +136,37 @@ def make_plan(spec: JobSpec, source: Location) -> tuple[JobPlan, Listing]:
 
 
 def with_small_ends(units: list[WorkUnit], fmt: InputFormat) -> list[WorkUnit]:
-    """The units with the first and the last split (see END_PARTS), all renamed in order.
-    A sample's bytes do not depend on which shard holds it: only the layout moves."""
-    ends = {0, len(units) - 1}
+    """The units with END_PARTS small parts cut from the start of the first and the end of
+    the last (see END_PARTS), all renamed in order. A sample's bytes do not depend on which
+    shard holds it: only the layout moves."""
+    last = len(units) - 1
     split = [
         part
         for index, unit in enumerate(units)
-        for part in (fmt.split_unit(unit, _end_parts(unit)) if index in ends else [unit])
+        for part in (
+            fmt.split_unit(unit, _end_cut(unit, at_start=index == 0))
+            if index in (0, last)
+            else [unit]
+        )
     ]
     if len(split) == len(units):
         return units
     return [replace(unit, shard=shard_name(index)) for index, unit in enumerate(split)]
 
 
-def _end_parts(unit: WorkUnit) -> int:
-    return max(1, min(END_PARTS, (unit.planned or 0) * unit.view_count // END_PART_SAMPLES))
+def _end_cut(unit: WorkUnit, at_start: bool) -> list[int]:
+    """The sizes, in sources, of the parts of an end unit: END_PARTS small ones first (the
+    first unit) or last (the last unit) and the rest of the unit in one, or, where the rest
+    would be smaller than a small part, equal parts; [all] where two parts would be too few."""
+    sources = unit.planned or 0  # unknown (a tar): read whole
+    small = max(-(-END_PART_SAMPLES // max(unit.view_count, 1)), -(-sources // END_FRACTION))
+    count = min(END_PARTS, sources // small)
+    if count < 2:
+        return [sources]
+    rest = sources - count * small
+    if rest < small:
+        return [sources * (part + 1) // count - sources * part // count for part in range(count)]
+    return [small] * count + [rest] if at_start else [rest] + [small] * count
 
 
 def _fingerprint(spec: JobSpec, listing: Listing) -> str:

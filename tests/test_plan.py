@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import RecordingProgress
 
-from rayaug import outputs, plan
+from rayaug import api, outputs, plan
 from rayaug.job import RunOptions, run_job
 from rayaug.reports.summary import verify
 from rayaug.spec import JobSpec, StorageSpec, parse_spec
@@ -33,8 +33,9 @@ def units_of(spec: JobSpec) -> list[plan.WorkUnit]:
 
 def test_the_first_and_last_shards_of_a_many_view_job_are_split(tmp_path: Path) -> None:
     """At eight views the first shard of 256 sources is 2,048 samples, which the first commit
-    would wait for: the plan makes it four shards of 64 sources, and the last (188 sources,
-    1,504 samples) two. At one view a shard is 256 samples, and stays whole."""
+    would wait for: the plan cuts four shards of a sixteenth (16 sources) from its start, and
+    four from the end of the last. At one view a sixteenth would be under 64 samples: the
+    parts are 64 sources, or equal parts where what is left would be smaller."""
     folder = tmp_path / "in"
     folder.mkdir()
     for number in range(700):  # planning lists the files; it reads none
@@ -42,22 +43,23 @@ def test_the_first_and_last_shards_of_a_many_view_job_are_split(tmp_path: Path) 
     eight = units_of(spec_of(folder, tmp_path / "out", views=8, shard_size=256))
     one = units_of(spec_of(folder, tmp_path / "out", views=1, shard_size=256))
 
-    assert [u.planned for u in eight] == [64, 64, 64, 64, 256, 94, 94]
-    assert [u.planned for u in one] == [256, 256, 188]
-    assert [u.shard for u in eight] == [f"part-{i:05d}" for i in range(7)]
+    assert [u.planned for u in eight] == [16, 16, 16, 16, 192, 256, 140, 12, 12, 12, 12]
+    assert [u.planned for u in one] == [64, 64, 64, 64, 256, 94, 94]
+    assert [u.shard for u in eight] == [f"part-{i:05d}" for i in range(11)]
     # the same sources, in the same order, each once: only the shards' borders moved
     assert [f for u in eight for f in u.files] == [f for u in one for f in u.files]
     assert all(u.views == (0, 8) for u in eight)
 
 
-def test_a_small_job_keeps_whole_shards(tmp_path: Path) -> None:
-    """A shard is split only into parts of at least END_PART_SAMPLES samples."""
+def test_a_shard_of_few_samples_stays_whole(tmp_path: Path) -> None:
+    """Parts are at least END_PART_SAMPLES samples: 12 sources × 8 views are 96, too few for
+    two parts."""
     folder = tmp_path / "in"
     folder.mkdir()
-    for number in range(100):
-        (folder / f"{number:03d}.jpg").write_bytes(b"listed only")
-    units = units_of(spec_of(folder, tmp_path / "out", views=8, shard_size=64))
-    assert [u.planned for u in units] == [64, 36]  # 512 and 288 samples: one part each
+    for number in range(30):
+        (folder / f"{number:02d}.jpg").write_bytes(b"listed only")
+    units = units_of(spec_of(folder, tmp_path / "out", views=8, shard_size=12))
+    assert [u.planned for u in units] == [12, 12, 6]
 
 
 def test_split_shards_hold_the_same_samples_as_whole_ones(
@@ -85,3 +87,12 @@ def test_split_shards_hold_the_same_samples_as_whole_ones(
     ]
     assert rows[0] == rows[1] and len(rows[0]) == 48
     assert verify(recorded[1]) == []
+    # the training reader serves each epoch's view from the split shards as from whole ones
+    served = [
+        sorted(
+            item["sample_id"]
+            for item in api.open_output(p).epoch(1, columns=("sample_id",), decode=False)
+        )
+        for p in (whole, split)
+    ]
+    assert served[0] == served[1] and len(served[0]) == 24

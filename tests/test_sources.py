@@ -410,13 +410,13 @@ def test_the_source_index_marks_duplicate_keys_like_the_read_stage(
 def test_a_split_unit_reads_the_units_sources_in_parts(
     fmt: str, photos: list[SamplePhoto], tmp_path: Path
 ) -> None:
-    """The plan splits a run's first and last units (rayaug.plan.with_small_ends): the parts
-    read the unit's samples, in order, each once. A tar is read whole, so it stays whole."""
+    """The plan cuts small parts from a run's first and last units (rayaug.plan.with_small_ends):
+    the parts read the unit's samples, in order, each once. A tar is read whole: it stays whole."""
     _write(fmt, photos[:10], tmp_path / "in")
     location = open_location(str(tmp_path / "in"), StorageSpec(retries=0))
     spec = InputSpec(uri=location.uri)
     (unit,) = list_input(location, spec, shard_size=10).units
-    parts = input_format(fmt).split_unit(unit, 3)
+    parts = input_format(fmt).split_unit(unit, [3, 3, 4])
     if fmt == "webdataset":
         assert parts == [unit]
         return
@@ -430,7 +430,7 @@ def test_a_split_parquet_unit_keeps_its_duplicate_keys_marked(
 ) -> None:
     location, spec = _repeated_keys(photos, tmp_path / "in")
     (unit,) = list_input(location, spec, shard_size=8).units
-    parts = input_format("parquet").split_unit(unit, 2)
+    parts = input_format("parquet").split_unit(unit, [2, 2])
     assert [part.rows for part in parts] == [(0, 2), (2, 4)]
     assert parts[1].duplicates == ((0, *unit.duplicates[0][1:]),)  # row 2, its part's first
     read = [s for part in parts for s in read_unit(location, spec, "parquet", part)]

@@ -135,9 +135,9 @@ class InputFormat:
         already (an output that grows): the added files planned on their own."""
         return self.plan(location, spec, added, shard_size, seed).units
 
-    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
-        """The unit's sources, in order, as `parts` units of nearly equal size (named as the
-        unit; the plan renames them). A format whose units are read whole (a tar) keeps it."""
+    def split_unit(self, unit: WorkUnit, sizes: list[int]) -> list[WorkUnit]:
+        """The unit's sources, in order, as units of `sizes` sources each (named as the unit;
+        the plan renames them). A format whose units are read whole (a tar) keeps it."""
         return [unit]
 
     def read_unit(
@@ -303,10 +303,9 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
-def part_bounds(count: int, parts: int) -> list[tuple[int, int]]:
-    """[start, stop) of `parts` nearly equal consecutive parts of `count` items."""
-    edges = [count * part // parts for part in range(parts + 1)]
-    return list(itertools.pairwise(edges))
+def part_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    """[start, stop) of consecutive parts of `sizes` items each."""
+    return list(itertools.pairwise([0, *itertools.accumulate(sizes)]))
 
 
 def with_targets(sample: SourceSample, targets: Callable[[], Targets | None]) -> SourceSample:

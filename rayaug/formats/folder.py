@@ -58,10 +58,10 @@ class FolderInput(InputFormat):
         units = [WorkUnit(shard_name(i), chunk, None, len(chunk)) for i, chunk in enumerate(chunks)]
         return Listing(self.name, units, files, len(files) - len(images))
 
-    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
+    def split_unit(self, unit: WorkUnit, sizes: list[int]) -> list[WorkUnit]:
         return [
             dataclasses.replace(unit, files=unit.files[start:stop], planned=stop - start)
-            for start, stop in part_bounds(len(unit.files), parts)
+            for start, stop in part_bounds(sizes)
         ]
 
     def read_unit(

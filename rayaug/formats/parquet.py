@@ -76,7 +76,7 @@ class ParquetInput(InputFormat):
         units = self.plan(location, spec, recorded + added, shard_size, seed).units
         return [unit for unit in units if unit.files[0] in paths]
 
-    def split_unit(self, unit: WorkUnit, parts: int) -> list[WorkUnit]:
+    def split_unit(self, unit: WorkUnit, sizes: list[int]) -> list[WorkUnit]:
         """Rows of one file: each part's rows, with the duplicates among them (their offsets
         counted from the part's first row)."""
         first = unit.rows[0]
@@ -91,7 +91,7 @@ class ParquetInput(InputFormat):
                     if start <= offset < stop
                 ),
             )
-            for start, stop in part_bounds(unit.rows[1] - first, parts)
+            for start, stop in part_bounds(sizes)
         ]
 
     def read_unit(
