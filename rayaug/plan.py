@@ -4,6 +4,7 @@ and each growth's, recorded under `_job/`), and what is left to do on resume."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +23,7 @@ from rayaug.storage import Location
 
 # A run's first and last shards are planned small. The first commit then waits for a
 # sixteenth of a shard, not a whole one (256 sources × 8 views: about 3 s of a core on
-# 300-600 px photos, 25 s on 12 MP ones): an actor holds two shards at once and may run
+# 300-600 px photos, 17 s on 12 MP ones): an actor holds two shards at once and may run
 # either first, so the first END_PARTS (both calls of two actors) are small. At the end, small
 # last shards go to whichever actors are free, where one actor would make a whole last shard
 # while the others sit idle. A small part is 1/END_FRACTION of its unit's sources, and at
@@ -159,7 +160,9 @@ def _end_cut(unit: WorkUnit, at_start: bool) -> list[int]:
     first unit) or last (the last unit) and the rest of the unit in one, or, where the rest
     would be smaller than a small part, equal parts; [all] where two parts would be too few."""
     sources = unit.planned or 0  # unknown (a tar): read whole
-    small = max(-(-END_PART_SAMPLES // max(unit.view_count, 1)), -(-sources // END_FRACTION))
+    small = max(
+        math.ceil(END_PART_SAMPLES / max(unit.view_count, 1)), math.ceil(sources / END_FRACTION)
+    )
     count = min(END_PARTS, sources // small)
     if count < 2:
         return [sources]
