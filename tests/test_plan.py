@@ -62,6 +62,27 @@ def test_a_shard_of_few_samples_stays_whole(tmp_path: Path) -> None:
     assert [u.planned for u in units] == [12, 12, 6]
 
 
+def test_a_growths_new_sources_get_small_ends_too(tmp_path: Path) -> None:
+    """New sources added to a recorded job are planned as a first run's are: small shards at
+    both ends of what is added; the recorded units stay as recorded."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    for number in range(100):
+        (folder / f"a{number:03d}.jpg").write_bytes(b"listed only")
+    spec = spec_of(folder, out, views=8, shard_size=256)
+    source, target = (open_location(uri, spec.storage) for uri in (str(folder), str(out)))
+    first = plan.prepare(spec, source, target)
+    assert [u.planned for u in first.units] == [8, 8, 8, 8, 68]
+    for number in range(300):
+        (folder / f"b{number:03d}.jpg").write_bytes(b"listed only")
+
+    grown = plan.prepare(spec, source, target)
+    added = grown.units[len(first.units) :]
+    assert grown.units[: len(first.units)] == first.units
+    assert [u.planned for u in added] == [16, 16, 16, 16, 192, 12, 8, 8, 8, 8]
+    assert [u.shard for u in added] == [f"g1-part-{i:05d}" for i in range(10)]
+
+
 def test_split_shards_hold_the_same_samples_as_whole_ones(
     ray_cluster: str, photo_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
