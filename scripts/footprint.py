@@ -11,6 +11,9 @@ are the modification times of `manifests/*.parquet` (a shard's commit). Prints, 
                processes and the driver)
   peak PSS     of the tree, and the most processes seen at once
 
+With --json, each run's record also holds every commit's time from the process start
+(`commits_s`): where the shards' ends fall, and whether an actor finished alone.
+
 With several specs and --repeat, runs them interleaved (A B A B ...), so a busy machine
 slows each alike. A measurement, not a test: nothing here asserts a time.
 
