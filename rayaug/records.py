@@ -163,7 +163,9 @@ class ShardOutput:
 
     def add(self, sample: AugmentedSample) -> None:
         if self.spill is not None:
-            sample = replace(sample, encoded=self.spill.hold(sample.image))
+            held = self.spill.hold(sample.image)
+            if held is not sample.encoded:  # on disk: the sample keeps where, not the bytes
+                sample = replace(sample, encoded=held)
         self.samples.append(sample)
 
 

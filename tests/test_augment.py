@@ -234,12 +234,15 @@ def test_a_seeding_group_holds_few_large_sources_and_the_same_bytes(
     assert [s.image for s in grouped.samples] == [s.image for s in reference.samples]
 
 
+@pytest.mark.parametrize("in_memory", [0, 20_000])
 def test_with_a_spill_file_the_samples_bytes_wait_on_disk_and_are_the_same(
-    reference: ShardOutput, photos, device: str, tmp_path
+    reference: ShardOutput, photos, device: str, tmp_path, in_memory: int
 ) -> None:
-    with SpillFile(str(tmp_path)) as spill:
+    """All of them on disk (no memory budget), or the first in memory and the rest on disk."""
+    with SpillFile(str(tmp_path), in_memory) as spill:
         output = Augmenter(_spec(), device).augment(_sources(photos), spill=spill)
-        assert all(isinstance(sample.encoded, Spilled) for sample in output.samples)
+        on_disk = [isinstance(sample.encoded, Spilled) for sample in output.samples]
+        assert all(on_disk) if in_memory == 0 else not on_disk[0] and on_disk[-1]
         assert _hashes(output) == _hashes(reference)
         assert [s.image for s in output.samples] == [s.image for s in reference.samples]
 

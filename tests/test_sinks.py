@@ -29,7 +29,7 @@ from rayaug.records import AugmentedSample, Quarantined, ShardOutput, placement,
 from rayaug.sampledata import SamplePhoto
 from rayaug.sinks import WriteContext, write_shard
 from rayaug.spec import OutputSpec, StorageSpec
-from rayaug.spill import SpillFile
+from rayaug.spill import Spilled, SpillFile
 from rayaug.storage import Location, open_location
 
 VERSIONS = {"rayaug": "0.1.0-test", "kornia": "0.9.0"}
@@ -342,18 +342,24 @@ def test_a_soft_label_reaches_the_shard_and_the_manifest(
         assert metas[0]["soft_label"] == expected and "soft_label" not in metas[1]
 
 
+@pytest.mark.parametrize("in_memory", ["none", "half"])
 @pytest.mark.parametrize("layout", ["by_view", "by_source"])
 @pytest.mark.parametrize("fmt", ["parquet", "webdataset", "lance"])
 def test_a_shard_spilled_to_disk_is_written_as_one_held_in_memory(
-    fmt: str, layout: str, photos: list[SamplePhoto], tmp_path: Path
+    fmt: str, layout: str, in_memory: str, photos: list[SamplePhoto], tmp_path: Path
 ) -> None:
+    """Every image on disk, or the first half in memory and the rest on disk: the same shard."""
     written = []
-    with SpillFile(str(tmp_path)) as spill:
+    samples = _augmented(photos[:4])
+    budget = 0 if in_memory == "none" else sum(len(s.image) for s in samples[: len(samples) // 2])
+    with SpillFile(str(tmp_path), budget) as spill:
         held, spilled = (ShardOutput(sources=4, views=range(2), spill=s) for s in (None, spill))
-        for sample in _augmented(photos[:4]):
+        for sample in samples:
             held.add(sample)
             spilled.add(sample)
-        assert held.samples[0].encoded == spilled.samples[0].image != spilled.samples[0].encoded
+        on_disk = [isinstance(s.encoded, Spilled) for s in spilled.samples]
+        assert on_disk == [i >= len(samples) // 2 or budget == 0 for i in range(len(samples))]
+        assert [s.image for s in spilled.samples] == [s.encoded for s in held.samples]
         for name, result in (("memory", held), ("spilled", spilled)):
             location = open_location(str(tmp_path / name), StorageSpec(retries=0))
             output = OutputSpec(uri=location.uri, format=fmt)
