@@ -180,15 +180,26 @@ def grayscale(pixels: np.ndarray, params: Params) -> np.ndarray:
 
 
 def posterize(pixels: np.ndarray, params: Params) -> np.ndarray:
-    """Keep the high `bits` of each level (Kornia truncates to levels, then shifts)."""
-    shift = 8 - params["bits"]
-    return _lut(pixels, (np.arange(256) >> shift) << shift)
+    """Keep the high `bits` of each level (Kornia truncates to levels, then shifts): a mask of
+    those bits, one SIMD AND (a lookup table took eight times as long)."""
+    high_bits = 0xFF << (8 - params["bits"]) & 0xFF
+    return _levels_op(cv2.bitwise_and, pixels, high_bits)
 
 
 def solarize(pixels: np.ndarray, params: Params) -> np.ndarray:
-    """Invert levels at or above the threshold, compared in float32 as Kornia compares."""
+    """Invert levels at or above the threshold, compared in float32 as Kornia compares. The
+    levels below it are 0 up to some level, and 255 - x is x XOR 255 in 8 bits: a compare
+    and an XOR, a quarter of a lookup table's time."""
     below = np.arange(256, dtype=np.float32) / np.float32(255) < np.float32(params["threshold"])
-    return _lut(pixels, np.where(below, _LEVELS, 255 - _LEVELS))
+    first_inverted = int(np.count_nonzero(below))  # within 0-255: the threshold is at most 1
+    inverted = _levels_op(cv2.compare, pixels, first_inverted, cv2.CMP_GE)  # 255 or 0
+    return cv2.bitwise_xor(pixels, inverted)
+
+
+def _levels_op(op: Callable, pixels: np.ndarray, level: int, *flags: int) -> np.ndarray:
+    """`op(pixels, level, ...)` on every level of every channel: OpenCV takes a scalar per
+    channel, so the image goes in as one channel of H x 3W levels (a view, not a copy)."""
+    return op(pixels.reshape(pixels.shape[0], -1), level, *flags).reshape(pixels.shape)
 
 
 def invert(pixels: np.ndarray, params: Params) -> np.ndarray:

@@ -220,6 +220,27 @@ def test_a_kernel_leaves_its_input_as_it_was(name: str, photos) -> None:
     assert np.array_equal(pixels, before)
 
 
+def test_solarize_inverts_exactly_the_levels_kornias_float32_comparison_inverts() -> None:
+    """Every level of every channel, at thresholds on and between the levels: the compare and
+    XOR give the table of Kornia's comparison, on a strided view as on a whole image."""
+    levels = np.arange(256, dtype=np.float32)
+    ramp = np.stack([np.arange(256), np.arange(256)[::-1], np.roll(np.arange(256), 7)], axis=-1)
+    pixels = np.tile(ramp.astype(np.uint8)[None], (3, 1, 1))
+    for threshold in [0.0, 1.0, *np.linspace(0, 1, 200), *(np.arange(1, 255) / 255)]:
+        below = levels / np.float32(255) < np.float32(threshold)
+        table = np.where(below, levels, 255 - levels).astype(np.uint8)
+        for image in (pixels, pixels[:, ::2]):
+            solarized = cpu_kernels.solarize(image, {"threshold": float(threshold)})
+            assert np.array_equal(solarized, table[image]), threshold
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_posterize_keeps_exactly_the_high_bits(bits: int) -> None:
+    pixels = np.tile(np.arange(256, dtype=np.uint8)[None, :, None], (2, 1, 3))
+    kept = cpu_kernels.posterize(pixels, {"bits": bits})
+    assert np.array_equal(kept, (pixels >> (8 - bits)) << (8 - bits))
+
+
 def test_the_exact_jitter_follows_the_recorded_order() -> None:
     pixels = _picture()
     bright_first = {"order": ["brightness", "saturation"], "brightness": 1.8, "saturation": 0.0}
