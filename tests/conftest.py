@@ -205,6 +205,9 @@ def ray_cluster(s3: SeaweedS3, gcs: GcsEmulator, azure: Azurite) -> Iterator[str
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"AWS_EC2_METADATA_DISABLED": "true"}},
+        # Ray's default again (the product's node reports none): test_job reads which actor
+        # ran which shard from Ray's own task events, not from anything rayaug writes.
+        _system_config={"task_events_report_interval_ms": 1000},
     )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
