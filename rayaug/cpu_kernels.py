@@ -5,8 +5,9 @@ times OpenCV's SIMD uint8 kernels. Every op keeps its Kornia semantics (the refe
 `kernels`): a warp takes the same source→destination homography as
 `warp_perspective(align_corners=True)` (pixel centres at integer coordinates, black outside);
 a photometric kernel computes Kornia's formula and rounds to 8 bits once, where Kornia's path
-rounds at the encoder. Point ops are lookup tables; colour maps are `cv2.transform` (float
-maths, one rounding); the README states each kernel's measured distance from Kornia's.
+rounds at the encoder. Point ops are bit operations where the levels' bits say it (posterize,
+solarize, invert), else lookup tables; colour maps are `cv2.transform` (float maths, one
+rounding); the README states each kernel's measured distance from Kornia's.
 Every kernel works on one sample alone and never writes into its input: its result never
 depends on its batch, and a sample can be rerun from its decoded pixels.
 """
