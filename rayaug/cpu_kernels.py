@@ -74,10 +74,9 @@ def warp(pixels: np.ndarray, matrix: np.ndarray, canvas: tuple[int, int]) -> np.
 
 
 def _lut(pixels: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """A point op: `table` (256 values, or 256 x 3 per channel) of 0-255 floats, rounded as
-    the float path's encoder rounds (half to even) and clipped."""
-    levels = _to_uint8(table)
-    return cv2.LUT(pixels, levels.reshape(256, 1, -1) if levels.ndim == 2 else levels)
+    """A point op per channel: `table` (256 x 3) of 0-255 floats, rounded as the float path's
+    encoder rounds (half to even) and clipped."""
+    return cv2.LUT(pixels, _to_uint8(table).reshape(256, 1, 3))
 
 
 def _colour_map(pixels: np.ndarray, matrix: np.ndarray, offset: np.ndarray) -> np.ndarray:
