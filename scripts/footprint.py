@@ -6,9 +6,12 @@ psutil: each process's CPU seconds and, every few samples, the PSS of the tree. 
 are the modification times of `manifests/*.parquet` (a shard's commit). Prints, per run:
 
   start-up     process start -> first commit
-  steady       first commit -> last commit: CPU seconds per process role in that window, and
-               the share of the tree's CPU taken by everything but the shard actors (Ray's own
-               processes and the driver)
+  steady       first commit -> last commit (the samples within it): CPU seconds per process
+               role in that window; the share of the tree's CPU taken by everything but the
+               shard actors (Ray's own processes and the driver); how busy the whole machine
+               was (/proc/stat) and each role's share of it; and how long the shard actors'
+               threads were ready to run but waited for a core, against their time on one
+               (the kernel's schedstat of each thread)
   peak PSS     of the tree, and the most processes seen at once
 
 With --json, each run's record also holds every commit's time from the process start
@@ -32,6 +35,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -79,6 +83,34 @@ def role(proc: psutil.Process, root_pid: int) -> str:
     return os.path.basename(cmd.split()[0]) if cmd else proc.name()
 
 
+@dataclass(frozen=True)
+class Sample:
+    at: float  # time.time(), the clock of the commits' modification times
+    cpu: dict[int, float]  # CPU seconds of each process of the tree
+    sched: dict[int, tuple[int, int]]  # each shard actor's thread_schedstat
+    machine: tuple[int, int]  # machine_ticks
+    sampler: float  # this script's own CPU seconds: its sampling takes some of the machine
+
+
+def thread_schedstat(pid: int) -> tuple[int, int]:
+    """(ns on a core, ns ready to run but waiting for one), summed over a process's threads:
+    its busiest thread is not its main one (Ray Data calls the shard stage from a thread)."""
+    on_core = waiting = 0
+    with suppress(OSError):
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()
+                on_core, waiting = on_core + int(fields[0]), waiting + int(fields[1])
+    return on_core, waiting
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every CPU since boot (/proc/stat; idle and iowait are not
+    busy)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> dict:
     spec = yaml.safe_load(spec_path.read_text())
     out = workdir / f"out-{spec_path.stem}"
@@ -97,9 +129,8 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
         cwd=workdir,  # not the checkout: its rayaug would shadow --against's on sys.path
     )
     root = psutil.Process(child.pid)
-    # pid -> (role, create_time); samples: (t, {pid: cpu seconds})
     roles: dict[int, str] = {}
-    samples: list[tuple[float, dict[int, float]]] = []
+    samples: list[Sample] = []
     peak_pss = peak_procs = 0
     peak_pss_roles: dict[str, int] = {}
     n = 0
@@ -109,7 +140,10 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
         except psutil.Error:
             break
         now = time.time()
-        cpu: dict[int, float] = {}
+        # A process this sample misses (it ended, or psutil's walk of the tree raced with it)
+        # keeps its last reading: counted as nothing, it once halved the actors' steady CPU.
+        cpu: dict[int, float] = dict(samples[-1].cpu) if samples else {}
+        sched: dict[int, tuple[int, int]] = dict(samples[-1].sched) if samples else {}
         total_pss = 0
         pss_roles: dict[str, int] = defaultdict(int)
         for proc in procs:
@@ -118,11 +152,13 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
                 cpu[proc.pid] = times.user + times.system
                 if proc.pid not in roles or roles[proc.pid] in ("idle worker", "ray::IDLE"):
                     roles[proc.pid] = role(proc, root.pid)
+                if roles[proc.pid] == "shard actor":
+                    sched[proc.pid] = thread_schedstat(proc.pid)
                 if n % PSS_EVERY == 0:
                     mine = pss_of(proc.pid)
                     total_pss += mine
                     pss_roles[roles[proc.pid]] += mine
-        samples.append((now, cpu))
+        samples.append(Sample(now, cpu, sched, machine_ticks(), time.process_time()))
         if n % PSS_EVERY == 0 and total_pss > peak_pss:
             peak_pss, peak_pss_roles = total_pss, dict(pss_roles)
         peak_procs = max(peak_procs, len(procs))
@@ -149,31 +185,53 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
     result["startup_s"] = round(commits[0] - started, 2)
     result["commits_s"] = [round(commit - started, 2) for commit in commits]
 
-    def at(t: float) -> dict[int, float]:
-        """CPU seconds per pid at the sample nearest time t (a pid absent then: 0)."""
-        return min(samples, key=lambda s: abs(s[0] - t))[1] if samples else {}
-
-    def by_role(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
-        shares: dict[str, float] = defaultdict(float)
-        for pid, seconds in b.items():
-            shares[roles.get(pid, "?")] += seconds - a.get(pid, 0.0)
-        return dict(shares)
-
-    last: dict[int, float] = {}
-    for _, cpu in samples:
-        last.update(cpu)
-    whole = by_role({}, last)
+    whole = cpu_by_role(roles, {}, samples[-1].cpu) if samples else {}
     result["cpu_whole_run"] = {k: round(v, 2) for k, v in sorted(whole.items())}
-    if len(commits) >= 3:
-        steady = by_role(at(commits[0]), at(commits[-1]))
-        total = sum(steady.values())
-        ray_own = total - steady.get("shard actor", 0.0)
-        result["steady_window_s"] = round(commits[-1] - commits[0], 2)
-        result["cpu_steady"] = {k: round(v, 2) for k, v in sorted(steady.items())}
-        result["ray_share_steady"] = round(ray_own / total, 3) if total else None
-        # Load-independent: Ray's and the driver's CPU per second of steady state (in cores).
-        result["ray_cores_steady"] = round(ray_own / (commits[-1] - commits[0]), 3)
+    # The window runs between the first and last samples taken within it: their times, not
+    # the commits', bound the CPU they measure.
+    within = [s for s in samples if commits[0] <= s.at <= commits[-1]]
+    if len(commits) >= 3 and len(within) >= 2:
+        result |= steady_state(within[0], within[-1], roles)
     return result
+
+
+def cpu_by_role(
+    roles: dict[int, str], before: dict[int, float], after: dict[int, float]
+) -> dict[str, float]:
+    """CPU seconds of each role between two samples' per-process figures."""
+    shares: dict[str, float] = defaultdict(float)
+    for pid, seconds in after.items():
+        shares[roles.get(pid, "?")] += seconds - before.get(pid, 0.0)
+    return dict(shares)
+
+
+def steady_state(first: Sample, last: Sample, roles: dict[int, str]) -> dict:
+    """CPU by role between two samples, Ray's and the driver's share of it, the machine's
+    busy share and each role's share of the machine, and the shard actors' threads' wait for
+    a core against their time on one."""
+    window = last.at - first.at
+    steady = cpu_by_role(roles, first.cpu, last.cpu)
+    total = sum(steady.values())
+    ray_own = total - steady.get("shard actor", 0.0)
+    sampling = {"footprint.py (sampling)": last.sampler - first.sampler}
+    busy, ticks = (b - a for a, b in zip(first.machine, last.machine, strict=True))
+    cores = os.cpu_count() or 1
+    on_core = waiting = 0
+    for pid, (on, wait) in last.sched.items():
+        before = first.sched.get(pid, (0, 0))
+        on_core, waiting = on_core + on - before[0], waiting + wait - before[1]
+    return {
+        "steady_window_s": round(window, 2),
+        "cpu_steady": {k: round(v, 2) for k, v in sorted(steady.items())},
+        "ray_share_steady": round(ray_own / total, 3) if total else None,
+        # Load-independent: Ray's and the driver's CPU per second of steady state (in cores).
+        "ray_cores_steady": round(ray_own / window, 3),
+        "machine_busy_steady": round(busy / ticks, 3) if ticks else None,
+        "machine_share_steady": {
+            k: round(v / (window * cores), 3) for k, v in (steady | sampling).items()
+        },
+        "actor_waiting_steady": round(waiting / (on_core + waiting), 3) if on_core else None,
+    }
 
 
 def main() -> None:
@@ -214,6 +272,15 @@ def main() -> None:
             )
             print("   steady:", r.get("cpu_steady"), flush=True)
             print("   whole: ", r.get("cpu_whole_run"), flush=True)
+            print(
+                "   machine busy (steady):",
+                r.get("machine_busy_steady"),
+                " its share by role:",
+                r.get("machine_share_steady"),
+                " shard actors' threads waiting for a core:",
+                r.get("actor_waiting_steady"),
+                flush=True,
+            )
             print(
                 "   Ray+driver cores (steady):",
                 r.get("ray_cores_steady"),
