@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from rayaug import allocator, commit, outputs
-from rayaug.augment import Augmenter, pick_device
 from rayaug.clouds import is_cloud
 from rayaug.errors import JobFailed, RayaugError, root_cause
 from rayaug.local_ray import (
@@ -594,6 +593,10 @@ class _ShardStage:
     """
 
     def __init__(self, spec: JobSpec, fmt: str, num_gpus: float) -> None:
+        # Imported here, in the actor (its worker has it preloaded: LOCAL_SYSTEM_CONFIG): the
+        # driver decodes nothing, and OpenCV's import would put 0.2 s before its Ray start.
+        from rayaug.augment import Augmenter, pick_device
+
         allocator.keep_freed_buffers()  # the actor's process is rayaug's own
         self.spec = spec
         self.fmt = fmt

@@ -31,6 +31,7 @@ from rayaug.job import (
     run_job,
     waits_for_every_actor,
 )
+from rayaug.local_ray import LOCAL_SYSTEM_CONFIG
 from rayaug.replay import replay
 from rayaug.reports.summary import verify
 from rayaug.spec import ExecutionSpec, JobSpec, StorageSpec, parse_spec
@@ -77,6 +78,17 @@ def test_pool_shape_leaves_cpu_for_the_driver() -> None:
     assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).size == 4
     assert pool_shape(ExecutionSpec(), cpus=16, gpus=4).gpus_per_actor == 1.0
     assert pool_shape(ExecutionSpec(concurrency=3, num_gpus=0), cpus=64, gpus=8).size == 3
+
+
+def test_the_driver_leaves_the_decoders_to_the_actors() -> None:
+    """OpenCV's import (0.2 s) would come before the driver starts its Ray, and the driver
+    decodes nothing: the stage's modules are the actors', preloaded by the workers they take."""
+    code = (
+        "import sys, rayaug.cli, rayaug.api, rayaug.job; "
+        "loaded = {'cv2', 'rayaug.augment'} & set(sys.modules); assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "rayaug.augment" in LOCAL_SYSTEM_CONFIG["preload_python_modules"]
 
 
 def test_a_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_driver(
