@@ -166,9 +166,10 @@ def ray_on_loopback(address: str | None = "local") -> Iterator[None]:
 #   the last commit to the run's exit 0.21-0.42 s (median 0.39) against 0.12-0.37 s (0.17)
 #   without, six paired runs;
 # - the workers the raylet starts ahead (one per CPU, which the pool's actors then take) import
-#   Ray Data and the stage's modules (rayaug.augment apart: the driver never imports it) as
-#   they start, while the driver still builds its pipeline, rather than once they are given an
-#   actor: first commit 0.25 s earlier (six paired runs);
+#   Ray Data and the stage's modules as they start (rayaug.augment named apart: rayaug.job
+#   leaves it to the actor, so that the driver never imports it), while the driver still
+#   builds its pipeline, rather than once they are given an actor: first commit 0.25 s earlier
+#   (six paired runs);
 # - workers at the driver's own priority: Ray renices them by 15, and on a machine the job
 #   shares any busy process then took nearly all of the pool actors' CPU (20,000 views at 33
 #   samples/s beside three busy processes on two cores, 552 at the driver's priority).
