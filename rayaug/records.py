@@ -164,7 +164,7 @@ class ShardOutput:
     def add(self, sample: AugmentedSample) -> None:
         if self.spill is not None:
             held = self.spill.hold(sample.image)
-            if held is not sample.encoded:  # on disk: the sample keeps where, not the bytes
+            if not isinstance(held, bytes):  # on disk: the sample keeps where, not the bytes
                 sample = replace(sample, encoded=held)
         self.samples.append(sample)
 
