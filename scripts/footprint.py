@@ -87,21 +87,23 @@ def role(proc: psutil.Process, root_pid: int) -> str:
 class Sample:
     at: float  # time.time(), the clock of the commits' modification times
     cpu: dict[int, float]  # CPU seconds of each process of the tree
-    sched: dict[int, tuple[int, int]]  # each shard actor's thread_schedstat
+    sched: dict[tuple[int, int], tuple[int, int]]  # thread_schedstats of the shard actors
     machine: tuple[int, int]  # machine_ticks
     sampler: float  # this script's own CPU seconds: its sampling takes some of the machine
 
 
-def thread_schedstat(pid: int) -> tuple[int, int]:
-    """(ns on a core, ns ready to run but waiting for one), summed over a process's threads:
-    its busiest thread is not its main one (Ray Data calls the shard stage from a thread)."""
-    on_core = waiting = 0
+def thread_schedstats(pid: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(ns on a core, ns ready to run but waiting for one) of each thread of a process, by
+    (pid, tid): its busiest thread is not its main one (Ray Data calls the shard stage from a
+    thread), and a thread that ends (a shard's read-ahead) must keep what it had counted, so
+    each is read, and carried, on its own. A process or thread gone meanwhile is left out."""
+    stats = {}
     with suppress(OSError):
         for thread in os.listdir(f"/proc/{pid}/task"):
             with suppress(OSError, ValueError, IndexError):
                 fields = Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()
-                on_core, waiting = on_core + int(fields[0]), waiting + int(fields[1])
-    return on_core, waiting
+                stats[pid, int(thread)] = (int(fields[0]), int(fields[1]))
+    return stats
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -143,7 +145,7 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
         # A process this sample misses (it ended, or psutil's walk of the tree raced with it)
         # keeps its last reading: counted as nothing, it once halved the actors' steady CPU.
         cpu: dict[int, float] = dict(samples[-1].cpu) if samples else {}
-        sched: dict[int, tuple[int, int]] = dict(samples[-1].sched) if samples else {}
+        sched: dict[tuple[int, int], tuple[int, int]] = dict(samples[-1].sched) if samples else {}
         total_pss = 0
         pss_roles: dict[str, int] = defaultdict(int)
         for proc in procs:
@@ -153,7 +155,7 @@ def measure(spec_path: Path, workdir: Path, env: dict, label: str = "this") -> d
                 if proc.pid not in roles or roles[proc.pid] in ("idle worker", "ray::IDLE"):
                     roles[proc.pid] = role(proc, root.pid)
                 if roles[proc.pid] == "shard actor":
-                    sched[proc.pid] = thread_schedstat(proc.pid)
+                    sched |= thread_schedstats(proc.pid)
                 if n % PSS_EVERY == 0:
                     mine = pss_of(proc.pid)
                     total_pss += mine
@@ -217,8 +219,8 @@ def steady_state(first: Sample, last: Sample, roles: dict[int, str]) -> dict:
     busy, ticks = (b - a for a, b in zip(first.machine, last.machine, strict=True))
     cores = os.cpu_count() or 1
     on_core = waiting = 0
-    for pid, (on, wait) in last.sched.items():
-        before = first.sched.get(pid, (0, 0))
+    for thread, (on, wait) in last.sched.items():
+        before = first.sched.get(thread, (0, 0))  # (0, 0): the thread started within it
         on_core, waiting = on_core + on - before[0], waiting + wait - before[1]
     return {
         "steady_window_s": round(window, 2),
